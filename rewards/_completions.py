@@ -27,12 +27,26 @@ def completion_text(completion: Any, index: int) -> str:
 
 
 def completion_texts(completions: Sequence[Any]) -> list[str]:
-    return [completion_text(completion, index) for index, completion in enumerate(completions)]
+    texts = [c if type(c) is str else _message_content(c) for c in completions]
+    if None in texts:  # something that is neither format: find it and say which
+        for index, completion in enumerate(completions):
+            completion_text(completion, index)
+    return texts  # type: ignore[return-value]
+
+
+def _message_content(completion: Any) -> str | None:
+    """The fast path of :func:`completion_text`: None where that one would raise."""
+    try:
+        content = completion[-1]["content"]
+    except (TypeError, KeyError, IndexError, AttributeError):
+        return None
+    return content if type(content) is str and isinstance(completion, (list, tuple)) else None
 
 
 def per_example(name: str, values: Any, completions: Sequence[Any]) -> list[Any]:
     """A dataset column aligned with ``completions``; raises naming both lengths if it is not."""
-    values = list(values)
+    if not isinstance(values, list):
+        values = list(values)
     if len(values) != len(completions):
         raise ValueError(f"{len(values)} {name} for {len(completions)} completions: they must align one to one")
     return values

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from typing import Any, Sequence
 
 import jsonschema
@@ -12,8 +11,16 @@ from jsonschema.validators import validator_for
 
 from ._completions import completion_texts, per_example
 
-ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 EXACT_MATCH_REWARD = 2.0  # the seed library's value, kept so existing reward weights still hold
+
+
+def answer_block(text: str) -> str | None:
+    """The first ``<answer>...</answer>`` block's inside, as ``re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)``."""
+    start = text.find("<answer>")
+    if start == -1:
+        return None
+    end = text.find("</answer>", start + len("<answer>"))
+    return None if end == -1 else text[start + len("<answer>") : end]
 
 
 def correctness_reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs: Any) -> list[float | None]:
@@ -31,9 +38,8 @@ def correctness_reward(completions: Sequence[Any], answer: Sequence[Any], **kwar
         if gold is None:
             rewards.append(None)
             continue
-        match = ANSWER_BLOCK.search(text)
-        predicted = match.group(1).strip() if match else None
-        rewards.append(EXACT_MATCH_REWARD if predicted == str(gold).strip() else 0.0)
+        predicted = answer_block(text)
+        rewards.append(EXACT_MATCH_REWARD if predicted is not None and predicted.strip() == str(gold).strip() else 0.0)
     return rewards
 
 

@@ -10,7 +10,7 @@ import asyncio
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ._completions import completion_texts, per_example
 from .sandbox import CommandPrefix, Sandbox, Verdict, default_sandbox, run_in_sandbox
@@ -67,7 +67,16 @@ class TestExecutionReward:
         with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(candidates)))) as pool:
             return list(pool.map(run, zip(candidates, tests)))
 
-    def __call__(self, completions: Sequence[Any], test_code: Any, **kwargs: Any) -> list[float | None]:
+    def __call__(
+        self,
+        completions: Sequence[Any],
+        test_code: Any,
+        log_extra: Callable[[str, list], None] | None = None,
+        log_metric: Callable[[str, float], None] | None = None,
+        **kwargs: Any,
+    ) -> list[float | None]:
+        """Rewards in order. Under TRL, ``log_extra`` adds each verdict's reason and seconds to
+        the completions table and ``log_metric`` the batch's slowest sandbox run."""
         texts = completion_texts(completions)
         tests = [test_code] * len(texts) if isinstance(test_code, str) else per_example("test_code", test_code, completions)
         if self.sandbox.refusal():
@@ -75,8 +84,16 @@ class TestExecutionReward:
         runnable = [i for i, t in enumerate(tests) if t is not None]
         verdicts = self.verdicts([texts[i] for i in runnable], [tests[i] for i in runnable])
         rewards: list[float | None] = [None] * len(texts)
+        reasons: list[str | None] = [None] * len(texts)
+        seconds: list[float | None] = [None] * len(texts)
         for i, verdict in zip(runnable, verdicts):
             rewards[i] = 1.0 if verdict.passed else 0.0
+            reasons[i], seconds[i] = verdict.reason, verdict.seconds
+        if log_extra is not None:
+            log_extra("execution_verdict", reasons)
+            log_extra("execution_seconds", seconds)
+        if log_metric is not None and verdicts:
+            log_metric("execution_max_seconds", max(v.seconds for v in verdicts))
         return rewards
 
 
@@ -85,7 +102,7 @@ class AsyncTestExecutionReward(TestExecutionReward):
 
     async def __call__(self, completions: Sequence[Any], test_code: Any, **kwargs: Any) -> list[float | None]:
         call = super().__call__
-        return await asyncio.get_running_loop().run_in_executor(None, lambda: call(completions, test_code))
+        return await asyncio.get_running_loop().run_in_executor(None, lambda: call(completions, test_code, **kwargs))
 
 
 def make_test_execution_reward(
@@ -114,14 +131,14 @@ def test_execution_reward(
     ...     test_code=["from candidate import add\\ndef test_add():\\n    assert add(1, 2) == 3\\n"])
     [1.0]
     """
-    return _reward_for(sandbox_cmd, timeout_s, asynchronous=False)(completions, test_code)
+    return _reward_for(sandbox_cmd, timeout_s, asynchronous=False)(completions, test_code, **kwargs)
 
 
 async def async_test_execution_reward(
     completions: Sequence[Any], test_code: Any, sandbox_cmd: Sequence[str] | None = None, timeout_s: float = 10, **kwargs: Any
 ) -> list[float | None]:
     """:func:`test_execution_reward` as a coroutine function, for TRL's concurrent async rewards."""
-    return await _reward_for(sandbox_cmd, timeout_s, asynchronous=True)(completions, test_code)
+    return await _reward_for(sandbox_cmd, timeout_s, asynchronous=True)(completions, test_code, **kwargs)
 
 
 test_execution_reward.__test__ = False  # type: ignore[attr-defined]

@@ -9,12 +9,12 @@ from ._completions import completion_texts, per_example
 
 
 def _passed(verdict: Any) -> float:
-    return 1.0 if str(verdict).strip().lower() == "pass" else 0.0
+    return 1.0 if verdict == "pass" else 0.0
 
 
 class RubricJudgeReward:
     """1.0 when ``judge_client.judge(rubric=, prompt=, response=, output_format="pass_fail")``
-    answers ``"pass"``, else 0.0; never an intermediate score.
+    answers exactly ``"pass"``, else 0.0; never an intermediate score.
 
     ``judge_client`` and the fixed ``rubric`` are bound here because TRL passes only
     dataset columns; ``prompts`` (which TRL passes) go to the judge as given, the response
@@ -28,14 +28,17 @@ class RubricJudgeReward:
         self.rubric = rubric
         self.__name__ = "rubric_judge_reward"
 
-    def _pairs(self, completions: Sequence[Any], prompts: Sequence[Any] | None) -> list[tuple[Any, str]]:
+    def _pairs(self, completions: Sequence[Any], prompts: Sequence[Any] | None) -> zip:
         if prompts is None:
             raise ValueError("rubric_judge_reward needs prompts= (GRPOTrainer passes them)")
-        return list(zip(per_example("prompts", prompts, completions), completion_texts(completions)))
+        if len(prompts) != len(completions):
+            per_example("prompts", prompts, completions)  # raises, naming both lengths
+        return zip(prompts, completion_texts(completions))
 
     def __call__(self, completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any) -> list[float]:
+        judge, rubric = self.judge_client.judge, self.rubric
         return [
-            _passed(self.judge_client.judge(rubric=self.rubric, prompt=prompt, response=response, output_format="pass_fail"))
+            1.0 if judge(rubric=rubric, prompt=prompt, response=response, output_format="pass_fail") == "pass" else 0.0
             for prompt, response in self._pairs(completions, prompts)
         ]
 

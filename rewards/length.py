@@ -29,19 +29,20 @@ class LengthPenalty:
         self.__name__ = f"{callable_name(reward_fn)}_length_penalized"
 
     def lengths(self, texts: Sequence[str]) -> list[int]:
-        if self.tokenizer is None:
-            return [len(text.split()) for text in texts]
-        return [len(ids) for ids in self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+        """Token (or word) counts; a text too short to exceed ``target_len`` words counts as 0."""
+        if self.tokenizer is not None:
+            return [len(ids) for ids in self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+        # A text of n characters holds at most (n + 1) // 2 words: skip splitting short ones.
+        return [len(text.split()) if (len(text) + 1) // 2 > self.target_len else 0 for text in texts]
 
     def penalize(self, rewards: Sequence[float | None], completions: Sequence[Any]) -> list[float | None]:
         rewards = per_example("rewards returned", rewards, completions)
-        adjusted: list[float | None] = []
-        for reward, length in zip(rewards, self.lengths(completion_texts(completions))):
-            if reward is None or reward <= 0:
-                adjusted.append(reward)
-                continue
+        texts = completion_texts(completions)
+        positive = [i for i, reward in enumerate(rewards) if reward is not None and reward > 0]
+        adjusted = list(rewards)  # only positive rewards can be penalized: count only their lengths
+        for i, length in zip(positive, self.lengths([texts[i] for i in positive])):
             overflow = max(0, length - self.target_len)
-            adjusted.append(reward - min(reward, overflow * self.penalty_per_token))
+            adjusted[i] = rewards[i] - min(rewards[i], overflow * self.penalty_per_token)
         return adjusted
 
     def __call__(self, completions: Sequence[Any], **kwargs: Any) -> list[float | None]:

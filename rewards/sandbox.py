@@ -17,8 +17,8 @@ boundary and nothing the candidate writes reaches the host.
 from __future__ import annotations
 
 import functools
-import json
 import logging
+import marshal
 import os
 import shutil
 import signal
@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 RUNNER_SOURCE = (Path(__file__).with_name("sandbox_runner.py")).read_text()
 # First uid of the per-worker range that root drops to: Debian reserves 65000-65533 for
@@ -112,7 +112,9 @@ class Sandbox:
 
     def runner_argv(self, slot: int, timeout_s: float, command: Sequence[str] = ()) -> list[str]:
         """The runner for worker ``slot``: runs a job from stdin, or confines then execs ``command``."""
-        confinement = json.dumps({"limits": self.limits.rlimits(timeout_s), "uid": self.uid(slot)})
+        rlimits = ",".join(f"{name}={value}" for name, value in self.limits.rlimits(timeout_s).items())
+        uid = self.uid(slot)
+        confinement = f"{rlimits};{'-' if uid is None else uid}"
         return self.argv(slot, [self.python, *self.python_flags, "-c", RUNNER_SOURCE, confinement, *command])
 
 
@@ -142,9 +144,11 @@ class Bubblewrap(Sandbox):
         ro_paths: Sequence[str] = (),
         python_flags: Sequence[str] = ("-I", "-S"),
         limits: Limits = Limits(),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(python or os.path.realpath(sys._base_executable), python_flags, limits)
         self.bwrap = bwrap or find_bwrap()
+        self.env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", **(env or {})}  # all the sandbox sees
         self.ro_paths = tuple(dict.fromkeys([os.path.realpath(sys.base_prefix), *ro_paths]))
         self.as_root = os.geteuid() == 0
 
@@ -183,15 +187,18 @@ class Bubblewrap(Sandbox):
                 args += ["--symlink", os.readlink(top), top]
             elif os.path.isdir(top):
                 args += ["--ro-bind", top, top]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        # /tmp before the read-only paths, so that one under /tmp (a venv) is mounted over it.
+        args += ["--perms", "1777", "--size", str(self.limits.tmp_size_mib * MIB), "--tmpfs", "/tmp"]
         for path in self.ro_paths:
             # Parents get mode 0755 (bwrap copies the host's, e.g. /root's 0700, which would
             # hide the path from the unprivileged uid); they hold nothing but the mount.
             for parent in reversed(Path(path).parents[:-1]):
                 args += ["--perms", "0755", "--dir", str(parent)]
             args += ["--ro-bind", path, path]
-        args += ["--proc", "/proc", "--dev", "/dev"]
-        args += ["--perms", "1777", "--size", str(self.limits.tmp_size_mib * MIB), "--tmpfs", "/tmp"]
-        args += ["--chdir", "/tmp", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp"]
+        args += ["--chdir", "/tmp"]
+        for name, value in self.env.items():
+            args += ["--setenv", name, value]
         return [*args, "--", *command]
 
     @functools.cache
@@ -282,7 +289,7 @@ def run_in_sandbox(sandbox: Sandbox, candidate: str, tests: str, timeout_s: floa
 
 
 def _run(sandbox: Sandbox, candidate: str, tests: str, timeout_s: float, slot: int) -> Verdict:
-    job = json.dumps({"candidate": candidate, "tests": tests}).encode()
+    job = marshal.dumps((candidate, tests))
     start = time.perf_counter()
     process = subprocess.Popen(
         sandbox.runner_argv(slot, timeout_s),
@@ -297,10 +304,9 @@ def _run(sandbox: Sandbox, candidate: str, tests: str, timeout_s: float, slot: i
         _kill_group(process)
         return Verdict(False, f"timed out after {timeout_s:g} s", time.perf_counter() - start)
     seconds = time.perf_counter() - start
-    lines = stdout.decode("utf-8", "replace").strip().splitlines()
-    try:
-        verdict = json.loads(lines[-1])
-        return Verdict(bool(verdict["passed"] is True), str(verdict["reason"]), seconds, verdict.get("output_head", ""))
-    except (IndexError, ValueError, KeyError, TypeError):
-        detail = stderr[-STDERR_KEEP_BYTES:].decode("utf-8", "replace").strip()
-        return Verdict(False, f"no verdict from the runner (exit {process.returncode}): {detail}", seconds)
+    status, _, rest = stdout.decode("utf-8", "replace").partition("\n")
+    reason, _, output_head = rest.partition("\n")
+    if status in ("passed", "failed") and process.returncode == 0:
+        return Verdict(status == "passed", reason, seconds, output_head)
+    detail = stderr[-STDERR_KEEP_BYTES:].decode("utf-8", "replace").strip()
+    return Verdict(False, f"no verdict from the runner (exit {process.returncode}): {detail}", seconds)

@@ -1,81 +1,91 @@
-"""The program that runs inside the sandbox: standard library only, passed as ``python -c``.
+"""The program that runs inside the sandbox, passed as ``python -I -S -c``.
 
 Usage inside the boundary::
 
-    python -I -c <this file> '<confinement JSON>'            # run one job read from stdin
-    python -I -c <this file> '<confinement JSON>' CMD ARG..  # confine, then exec CMD
+    python -I -S -c <this file> CONFINEMENT            # run one job read from stdin
+    python -I -S -c <this file> CONFINEMENT CMD ARG..  # confine, then exec CMD
 
-The confinement JSON is ``{"limits": {"cpu": 11, "as": ..., ...}, "uid": 65100 | null}``:
-``limits`` maps ``resource.RLIMIT_<NAME>`` names to values; ``uid`` is the unprivileged
-user to become when the runner starts as root (bubblewrap run by root, without a user
-namespace, so that ``RLIMIT_NPROC`` binds: the kernel exempts uid 0 from it).
+CONFINEMENT is ``name=value,...;uid``: rlimits by ``resource.RLIMIT_<NAME>`` name, then the
+unprivileged uid to become when the runner starts as root (bubblewrap run by root keeps
+the host user namespace, so that ``RLIMIT_NPROC`` binds: the kernel exempts uid 0 from
+it), or ``-`` for none.
 
-A job is ``{"candidate": str, "tests": str}`` on stdin. The runner writes both as
-``candidate.py`` and ``test_candidate.py`` in a private directory, lists the top-level
-``test_*`` functions of the tests by parsing them (before any untrusted code runs),
-confines itself, then forks: the child imports the tests (which import the candidate),
-calls each ``test_*`` function and reports each outcome over a pipe; its stdout and stderr
-go to a file capped by ``RLIMIT_FSIZE``. The parent never runs untrusted code: it makes
-itself non-dumpable (so the child cannot reach its file descriptors through /proc), waits
-for the child, and only then writes one JSON verdict line to its own stdout, which the
-child does not hold (its stdout is replaced before it runs anything). The verdict passes only if the child exited with status 0 after
-reporting every listed test, in order, as passed. Exit codes and output of the candidate
-count for nothing.
+A job is ``marshal.dumps((candidate, tests))`` on stdin, from the trusted host. The runner
+writes both as ``candidate.py`` and ``test_candidate.py`` in a private directory, lists the
+top-level ``test_*`` functions of the tests by parsing them (before any untrusted code
+runs), confines itself, then forks. The child imports the tests (which import the
+candidate), calls each ``test_*`` function and reports each outcome on a pipe, one line
+each (``ok NAME`` or ``fail NAME: ERROR``); its stdout and stderr go to a file capped by
+``RLIMIT_FSIZE``. The parent never runs untrusted code: it is non-dumpable (so the child
+cannot reach its descriptors through /proc), waits for the child, and only then writes the
+verdict on its own stdout, which the child does not hold (the child's is replaced before
+it runs anything): a line ``passed`` or ``failed``, a line of reason, then the head of the
+child's output. The verdict passes only if the child exited with status 0 after reporting
+every listed test, in order, as passed: exit codes and output of the candidate count for
+nothing.
+
+Standard library only, and only cheap modules (no json, ast, re or tempfile): the
+runner's start-up is paid once per completion.
 """
 
-import ast
-import json
+import _ast
+import marshal
 import os
 import resource
 import sys
-import tempfile
 
 OUTPUT_HEAD_BYTES = 2048
 REPORT_MAX_BYTES = 1 << 20
 
 
+def parse_confinement(text):
+    limits, uid = text.split(";")
+    pairs = [item.split("=") for item in limits.split(",") if item]
+    return {name: int(value) for name, value in pairs}, None if uid == "-" else int(uid)
+
+
 def confine(limits, uid):
+    """Apply rlimits; drop to ``uid`` if root. True if it dropped (which also makes us non-dumpable)."""
     for name, value in limits.items():
         resource.setrlimit(getattr(resource, "RLIMIT_" + name.upper()), (value, value))
-    if uid is not None and os.getuid() == 0:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
+    if uid is None or os.getuid() != 0:
+        return False
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    return True
 
 
 def listed_tests(source):
     """Names of the top-level ``test_*`` functions, in file order."""
-    tree = ast.parse(source, "test_candidate.py")
+    tree = compile(source, "test_candidate.py", "exec", _ast.PyCF_ONLY_AST)
     return [
         node.name
         for node in tree.body
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_")
+        if isinstance(node, (_ast.FunctionDef, _ast.AsyncFunctionDef)) and node.name.startswith("test_")
     ]
 
 
 def describe(error):
-    return f"{type(error).__name__}: {error}"[:300]
+    return " ".join(f"{type(error).__name__}: {error}".split())[:300]
 
 
 def run_tests(workdir, expected, report_fd):
     """The child: import the tests, call each one, report; never returns."""
-    import importlib
-
     sys.dont_write_bytecode = True
     sys.path.insert(0, workdir)
     report = os.fdopen(report_fd, "w", buffering=1)
     try:
-        module = importlib.import_module("test_candidate")
+        module = __import__("test_candidate")
     except BaseException as error:  # the candidate may raise anything, SystemExit included
-        report.write(json.dumps({"test": None, "ok": False, "error": describe(error)}) + "\n")
+        report.write(f"fail import: {describe(error)}\n")
         os._exit(1)
     for name in expected:
         try:
             getattr(module, name)()
-            outcome = {"test": name, "ok": True}
+            report.write(f"ok {name}\n")
         except BaseException as error:
-            outcome = {"test": name, "ok": False, "error": describe(error)}
-        report.write(json.dumps(outcome) + "\n")
+            report.write(f"fail {name}: {describe(error)}\n")
     report.flush()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -85,27 +95,8 @@ def run_tests(workdir, expected, report_fd):
     os._exit(0)
 
 
-def judge(expected, reports, status):
-    failures = [r for r in reports if not r.get("ok")]
-    ran = [r.get("test") for r in reports]
-    if os.WIFSIGNALED(status):
-        exit_reason = f"killed by signal {os.WTERMSIG(status)}"
-    else:
-        exit_reason = f"exit status {os.WEXITSTATUS(status)}"
-    passed = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and ran == expected and not failures
-    if passed:
-        reason = f"{len(expected)} tests passed"
-    elif failures:
-        first = failures[0]
-        reason = f"{first.get('test') or 'import'} failed: {first.get('error')}"
-    elif ran != expected:
-        reason = f"tests ran {len(ran)} of {len(expected)} ({exit_reason})"
-    else:
-        reason = exit_reason
-    return {"passed": passed, "reason": reason, "tests": len(expected), "failures": failures[:3]}
-
-
 def read_reports(fd):
+    """The child's report lines, at most REPORT_MAX_BYTES of them; reads to EOF."""
     chunks, size = [], 0
     while True:
         chunk = os.read(fd, 65536)
@@ -114,38 +105,58 @@ def read_reports(fd):
         if size < REPORT_MAX_BYTES:
             chunks.append(chunk)
         size += len(chunk)
-    reports = []
-    for line in b"".join(chunks)[:REPORT_MAX_BYTES].splitlines():
-        try:
-            reports.append(json.loads(line))
-        except ValueError:
-            reports.append({"test": None, "ok": False, "error": "unreadable report line"})
-    return reports
+    return b"".join(chunks)[:REPORT_MAX_BYTES].decode("utf-8", "replace").splitlines()
+
+
+def judge(expected, reports, status):
+    """(passed, reason) from the listed tests, the child's reports and its wait status."""
+    passed_names = [line[3:] for line in reports if line.startswith("ok ")]
+    failures = [
+        line[5:] if line.startswith("fail ") else f"with an unexpected report line {line[:80]!r}"
+        for line in reports
+        if not line.startswith("ok ")
+    ]
+    if os.WIFSIGNALED(status):
+        exit_reason = f"killed by signal {os.WTERMSIG(status)}"
+    else:
+        exit_reason = f"exit status {os.WEXITSTATUS(status)}"
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and passed_names == expected and not failures:
+        return True, f"{len(expected)} tests passed"
+    if failures:
+        return False, f"failed {failures[0]}"
+    return False, f"tests passed {len(passed_names)} of {len(expected)} ({exit_reason})"
 
 
 def make_undumpable():
     import ctypes
 
     PR_SET_DUMPABLE = 4
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
-def run_job(job, confinement):
+def private_directory():
+    base = os.environ.get("TMPDIR", "/tmp")
+    path = os.path.join(base, f"grpo-bench-{os.getpid()}-{os.urandom(6).hex()}")
+    os.mkdir(path, 0o755)
+    return path
+
+
+def run_job(candidate, tests, limits, uid):
+    """The verdict ``(passed, reason, output head)`` of one job."""
     try:
-        expected = listed_tests(job["tests"])
+        expected = listed_tests(tests)
     except SyntaxError as error:
-        return {"passed": False, "reason": f"test code does not parse: {error}", "tests": 0, "failures": []}
+        return False, f"test code does not parse: {describe(error)}", ""
     if not expected:
-        return {"passed": False, "reason": "test code defines no test_* function", "tests": 0, "failures": []}
-    workdir = tempfile.mkdtemp(prefix="job-")
-    os.chmod(workdir, 0o755)
-    for name, text in (("candidate.py", job["candidate"]), ("test_candidate.py", job["tests"])):
+        return False, "test code defines no test_* function", ""
+    workdir = private_directory()
+    for name, text in (("candidate.py", candidate), ("test_candidate.py", tests)):
         path = os.path.join(workdir, name)
         with open(path, "w") as f:
             f.write(text)
         os.chmod(path, 0o644)
     output = os.open(os.path.join(workdir, "output.log"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-    confine(confinement["limits"], confinement.get("uid"))
+    dropped = confine(limits, uid)
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -156,24 +167,25 @@ def run_job(job, confinement):
         os.dup2(output, 2)
         os.close(null)
         os.close(output)
-        os.chdir(tempfile.gettempdir())
+        os.chdir(os.path.dirname(workdir))
         run_tests(workdir, expected, write_end)
     os.close(write_end)
-    make_undumpable()
+    if not dropped:
+        make_undumpable()
     reports = read_reports(read_end)
     _, status = os.waitpid(pid, 0)
-    verdict = judge(expected, reports, status)
-    verdict["output_head"] = os.pread(output, OUTPUT_HEAD_BYTES, 0).decode("utf-8", "replace")
-    return verdict
+    passed, reason = judge(expected, reports, status)
+    return passed, reason, os.pread(output, OUTPUT_HEAD_BYTES, 0).decode("utf-8", "replace")
 
 
 def main(argv):
-    confinement = json.loads(argv[1])
+    limits, uid = parse_confinement(argv[1])
     if len(argv) > 2:
-        confine(confinement["limits"], confinement.get("uid"))
+        confine(limits, uid)
         os.execvp(argv[2], argv[2:])
-    verdict = run_job(json.loads(sys.stdin.read()), confinement)
-    sys.stdout.write(json.dumps(verdict) + "\n")
+    candidate, tests = marshal.loads(sys.stdin.buffer.read())
+    passed, reason, output_head = run_job(candidate, tests, limits, uid)
+    sys.stdout.write(f"{'passed' if passed else 'failed'}\n{reason}\n{output_head}")
 
 
 if __name__ == "__main__":

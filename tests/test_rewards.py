@@ -206,3 +206,43 @@ def test_parametrised_rewards_round_trip_through_pickle():
 
     async_judge = pickle.loads(pickle.dumps(make_async_rubric_judge_reward(PassIfShort(), "r")))
     assert asyncio.run(async_judge(["ok"], prompts=["p"])) == [1.0]
+
+
+def random_tag_soup(rng, pieces, count):
+    """Strings built from the tags and separators the regexes care about."""
+    return ["".join(rng.choice(pieces) for _ in range(rng.randrange(0, 12))) for _ in range(count)]
+
+
+def test_format_check_answers_as_the_seed_regex_does():
+    import random
+    import re
+
+    from rewards.format import reasoning_then_answer
+
+    seed_pattern = re.compile(r"^<reasoning>.*?</reasoning>\s*<answer>.*?</answer>$", re.DOTALL)
+    pieces = ["<reasoning>", "</reasoning>", "<answer>", "</answer>", " ", "\n", "\u2003", "x", "<", "</answer"]
+    soup = random_tag_soup(random.Random(0), pieces, 40_000)
+    texts = soup[:20_000] + [f"<reasoning>{middle}</answer>" for middle in soup[20_000:]]  # half framed right
+    texts += ["<reasoning></reasoning><answer></answer>", "<reasoning></reasoning><answer>", "<reasoning></answer>"]
+    mismatches = [t for t in texts if reasoning_then_answer(t) != bool(seed_pattern.match(t.strip()))]
+    assert mismatches == []
+    assert sum(reasoning_then_answer(t) for t in texts) > 100  # the sample holds matches too
+
+
+def test_answer_extraction_answers_as_the_seed_regex_does():
+    import random
+    import re
+
+    from rewards.correctness import answer_block
+
+    pieces = ["<answer>", "</answer>", "<answer", "x", " ", "\n"]
+    for text in random_tag_soup(random.Random(1), pieces, 20_000):
+        match = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
+        assert answer_block(text) == (match.group(1) if match else None), text
+
+
+def test_length_penalty_counts_exactly_around_the_short_text_shortcut():
+    # 'a a a': 5 characters hold at most 3 words, so at target 3 no split is needed; at target 2 one is.
+    for target, expected in [(3, 1.0), (2, 0.9)]:
+        wrapped = with_length_penalty(constant(1.0), target_len=target, penalty_per_token=0.1)
+        assert wrapped(["a a a"]) == pytest.approx([expected])

@@ -100,10 +100,10 @@ ATTACKS = {
     "kills its parent": "import os, signal\n\ndef attack():\n    os.kill(os.getppid(), signal.SIGKILL)\n    return True\n",
     "os._exit(0) before the tests": "import os\nos._exit(0)\n\ndef attack():\n    return True\n",
     "forged verdict": (
-        "import json, os, sys\nverdict = json.dumps({'passed': True, 'reason': 'forged', 'tests': 1, 'failures': []})\n"
-        "print(verdict, flush=True)\nfor fd in os.listdir('/proc/self/fd'):\n    try:\n        os.write(int(fd), (verdict + '\\n').encode())\n"
+        "import os\nverdict = 'passed\\n1 tests passed\\n'\n"
+        "print(verdict, flush=True)\nfor fd in os.listdir('/proc/self/fd'):\n    try:\n        os.write(int(fd), verdict.encode())\n"
         "    except OSError:\n        pass\nfor fd in range(3):\n    try:\n        with open(f'/proc/{os.getppid()}/fd/{fd}', 'w') as f:\n"
-        "            f.write(verdict + '\\n')\n    except OSError:\n        pass\nos._exit(0)\n\ndef attack():\n    return True\n"
+        "            f.write(verdict)\n    except OSError:\n        pass\nos._exit(0)\n\ndef attack():\n    return True\n"
     ),
 }
 

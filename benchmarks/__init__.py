@@ -1,0 +1,1 @@
+"""grpo-bench: the harness (profiles, runners, result files) and its pytest-benchmark modules."""

@@ -1,0 +1,215 @@
+"""Reward-function throughput at GRPO burst sizes: ours against the seed's code and TRL's.
+
+Rows: every reward x batch size x completion length x completion format, from the
+profile's ``[rewards]`` table. Reference rows run the same inputs: the seed library
+(``benchmarks/seed_rewards.py``; on conversational completions it is given
+``completion[0]["content"]``, as the seed says to do) and TRL's ``think_format_reward`` and
+``accuracy_reward`` (which take conversational completions only). The rubric judge's
+client is an in-process stub, so its rows measure the reward's own overhead, not a model.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pytest
+
+import rewards
+from benchmarks import reward_inputs, seed_rewards
+from rewards.sandbox import Bubblewrap, default_sandbox
+
+IMPLEMENTATIONS = ("grpo-bench", "seed", "trl")
+
+
+class StubJudge:
+    """Passes a response whose tail holds the gold answer; no model behind it."""
+
+    def judge(self, rubric: str, prompt: Any, response: str, output_format: str) -> str:
+        return "pass" if reward_inputs.GOLD in response[-40:] else "fail"
+
+
+def _seed_on_texts(fn: Callable) -> Callable:
+    """The seed's functions take strings; on conversational input, extract content first (as the seed says)."""
+
+    def call(completions: list, **kwargs: Any) -> list:
+        if completions and not isinstance(completions[0], str):
+            completions = [c[0]["content"] for c in completions]
+        return fn(completions, **kwargs)
+
+    return call
+
+
+def _trl(name: str) -> Callable:
+    import trl.rewards
+
+    return getattr(trl.rewards, name)
+
+
+@dataclass(frozen=True)
+class Case:
+    reward: str
+    implementation: str
+    kind: str  # input kind: reasoning, json or code
+    make: Callable[[], Callable]
+    formats: tuple[str, ...] = ("str", "conversational")
+
+    @property
+    def id(self) -> str:
+        return f"{self.implementation}:{self.reward}"
+
+
+CASES = [
+    Case("format_reward", "grpo-bench", "reasoning", lambda: rewards.format_reward),
+    Case("format_reward", "seed", "reasoning", lambda: _seed_on_texts(seed_rewards.format_reward)),
+    Case("correctness_reward", "grpo-bench", "reasoning", lambda: rewards.correctness_reward),
+    Case("correctness_reward", "seed", "reasoning", lambda: _seed_on_texts(seed_rewards.correctness_reward)),
+    Case("schema_reward", "grpo-bench", "json", lambda: rewards.schema_reward),
+    Case("schema_reward", "seed", "json", lambda: _seed_on_texts(seed_rewards.schema_reward)),
+    Case(
+        "with_length_penalty(correctness_reward)",
+        "grpo-bench",
+        "reasoning",
+        lambda: rewards.with_length_penalty(rewards.correctness_reward),
+    ),
+    Case(
+        "with_length_penalty(correctness_reward)",
+        "seed",
+        "reasoning",
+        lambda: _seed_on_texts(seed_rewards.with_length_penalty(seed_rewards.correctness_reward)),
+    ),
+    Case("rubric_judge_reward", "grpo-bench", "reasoning", lambda: rewards.make_rubric_judge_reward(StubJudge(), "r")),
+    Case(
+        "rubric_judge_reward",
+        "seed",
+        "reasoning",
+        lambda: _seed_on_texts(seed_rewards.make_rubric_judge_reward(StubJudge(), "r")),
+    ),
+    Case("think_format_reward", "trl", "reasoning", lambda: _trl("think_format_reward"), ("conversational",)),
+    Case("accuracy_reward", "trl", "reasoning", lambda: _trl("accuracy_reward"), ("conversational",)),
+]
+
+SKIPPED = [
+    {"row": f"{case.id} on {fmt} completions", "reason": "TRL's rewards take conversational completions only"}
+    for case in CASES
+    for fmt in ("str",)
+    if fmt not in case.formats
+]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    from benchmarks.conftest import load_profile
+
+    settings = load_profile(metafunc.config).rewards
+    if "case" in metafunc.fixturenames:
+        params = [
+            pytest.param(case, batch, words, fmt, id=f"{case.id}-b{batch}-w{words}-{fmt}")
+            for case in CASES
+            for batch in settings.batch_sizes
+            for words in settings.words
+            for fmt in settings.formats
+            if fmt in case.formats
+        ]
+        metafunc.parametrize("case, batch, words, fmt", params)
+    elif "exec_batch" in metafunc.fixturenames:
+        params = [
+            pytest.param(batch, words, fmt, id=f"b{batch}-w{words}-{fmt}")
+            for batch in settings.batch_sizes
+            for words in settings.words
+            for fmt in settings.formats
+        ]
+        metafunc.parametrize("exec_batch, words, fmt", params)
+
+
+def _describe(benchmark: Any, reward: str, implementation: str, batch: int, words: int, fmt: str) -> None:
+    benchmark.group = f"{reward} batch={batch} words={words} {fmt}"
+    benchmark.extra_info.update(reward=reward, implementation=implementation, batch=batch, words=words, format=fmt)
+
+
+def test_reward_throughput(benchmark: Any, case: Case, batch: int, words: int, fmt: str) -> None:
+    inputs = reward_inputs.build(case.kind, batch, words, fmt)
+    fn = case.make()
+    _describe(benchmark, case.reward, case.implementation, batch, words, fmt)
+    result = benchmark(fn, inputs.completions, **inputs.kwargs)
+    assert len(result) == batch
+    benchmark.extra_info["mean_reward"] = statistics.fmean(r for r in result if r is not None)
+
+
+def _latencies(extra: dict) -> dict[str, float]:
+    seconds = sorted(extra["seconds"])
+    return {
+        "p50_latency_s": statistics.median(seconds),
+        "p99_latency_s": seconds[min(len(seconds) - 1, round(0.99 * (len(seconds) - 1)))],
+    }
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Bubblewrap:
+    reason = default_sandbox().unavailable_reason()
+    if reason:
+        pytest.skip(f"execution rows need the default sandbox: {reason}")
+    return default_sandbox()
+
+
+def test_execution_throughput(benchmark: Any, bench_profile: Any, sandbox: Bubblewrap, exec_batch: int, words: int, fmt: str) -> None:
+    """Ours: one bubblewrap sandbox per completion, a small runner inside, workers = cores."""
+    settings = bench_profile.rewards
+    inputs = reward_inputs.build("code", exec_batch, words, fmt)
+    reward = rewards.make_test_execution_reward(sandbox, timeout_s=settings.execution_timeout_s)
+    logged: dict[str, list] = {"seconds": []}
+
+    def log_extra(column: str, values: list) -> None:
+        if column == "execution_seconds":
+            logged["seconds"].extend(values)
+
+    _describe(benchmark, "test_execution_reward", "grpo-bench", exec_batch, words, fmt)
+    warmup = 1 if settings.execution_rounds > 1 else 0
+    result = benchmark.pedantic(
+        reward, args=(inputs.completions,), kwargs={**inputs.kwargs, "log_extra": log_extra},
+        rounds=settings.execution_rounds, warmup_rounds=warmup,
+    )
+    assert result == [1.0 if i % 2 == 0 else 0.0 for i in range(exec_batch)], "a verdict differs from the inputs' truth"
+    benchmark.extra_info.update(_latencies(logged), workers=reward.workers, sandbox="bubblewrap + runner")
+
+
+class HostUidBubblewrap(Bubblewrap):
+    """The default boundary, but the process inside keeps the host uid (no drop)."""
+
+    def uid(self, slot: int) -> None:
+        return None
+
+
+def test_seed_execution_throughput(benchmark: Any, bench_profile: Any, sandbox: Bubblewrap) -> None:
+    """The seed's design: serial, one ``python -m pytest`` per completion, in the same bubblewrap
+    (same namespaces, mounts and rlimits; the seed's files are written by the host into a 0700
+    temporary directory, so pytest runs as the host uid inside instead of a dropped one)."""
+    settings = bench_profile.rewards
+    batch, words = settings.seed_execution_batch, min(settings.words)
+    inputs = reward_inputs.build("code", batch, words, "str")
+    work_root = tempfile.mkdtemp(prefix="grpo-bench-seed-", dir="/var/tmp")
+    seed_rewards.SEED_WORK_ROOT = work_root
+    seed_sandbox = HostUidBubblewrap(
+        ro_paths=[sys.prefix, work_root], python_flags=("-I",), env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}
+    )
+    sandbox_cmd = seed_sandbox.runner_argv(0, settings.execution_timeout_s)
+    logged: dict[str, list] = {"seconds": []}
+
+    def serial_round() -> list[float]:
+        results = []
+        for completion, tests in zip(inputs.completions, inputs.kwargs["test_code"]):
+            start = time.perf_counter()
+            results += seed_rewards.test_execution_reward([completion], [tests], sandbox_cmd, settings.execution_timeout_s)
+            logged["seconds"].append(time.perf_counter() - start)
+        return results
+
+    _describe(benchmark, "test_execution_reward", "seed", batch, words, "str")
+    result = benchmark.pedantic(serial_round, rounds=settings.seed_execution_rounds, warmup_rounds=0)
+    os.rmdir(work_root)
+    assert result == [1.0 if i % 2 == 0 else 0.0 for i in range(batch)], "the seed's verdicts differ from the inputs' truth"
+    benchmark.extra_info.update(_latencies(logged), workers=1, sandbox="bubblewrap + python -m pytest")
+

@@ -1,0 +1,117 @@
+"""``python -m benchmarks bench``: run a profile's parts and write one result file per part.
+
+    python -m benchmarks bench [--profile NAME] [--quick] [--only PATTERN] [--out DIR]
+
+With no ``--profile``, a machine with no CUDA device runs ``cpu``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import fnmatch
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks import profile as profiles
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "results" / "runs"
+
+
+def cuda_device() -> str | None:
+    """The first CUDA device's name, or None (also when torch is not installed)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def default_profile() -> str:
+    device = cuda_device()
+    if device:
+        print(f"CUDA device {device}: no GPU profile is chosen automatically yet; running 'cpu' (pass --profile)")
+    return "cpu"
+
+
+def print_environment() -> None:
+    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or '?'}")
+    for module in ("torch", "trl", "transformers"):
+        try:
+            print(f"{module} {__import__(module).__version__}")
+        except ImportError:
+            print(f"{module}: not installed")
+    print(f"CUDA device: {cuda_device() or 'none'}")
+
+
+def run_rewards(profile: profiles.Profile, quick: bool, out: Path) -> Path:
+    """The reward benchmarks under pytest-benchmark; returns the result file written."""
+    settings = profile.rewards
+    target = out / profile.hardware / f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-rewards.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        partial = Path(scratch) / "rewards.json"
+        command = [sys.executable, "-m", "pytest", str(REPO / "benchmarks" / "bench_rewards.py"), "-q"]
+        command += ["-p", "no:cacheprovider", "--grpo-profile", profile.name, f"--benchmark-json={partial}"]
+        command += [f"--benchmark-max-time={settings.max_time_s}", f"--benchmark-min-rounds={settings.min_rounds}"]
+        command += ["--benchmark-columns=median,iqr,rounds", "--benchmark-sort=name"]
+        command += ["--grpo-quick"] if quick else []
+        done = subprocess.run(command, cwd=REPO)
+        if not partial.exists():
+            raise SystemExit(f"reward benchmarks wrote no result (pytest exit {done.returncode})")
+        os.replace(partial, target)  # whole or not at all
+    if done.returncode != 0:
+        print(f"warning: pytest exited {done.returncode}; the result file keeps the rows that ran")
+    return target
+
+
+PARTS = {"rewards": run_rewards}
+
+
+def print_rewards_summary(path: Path) -> None:
+    data = json.loads(path.read_text())
+    print(f"\n{'reward':42} {'impl':10} {'batch':>5} {'words':>5} {'format':14} {'completions/s':>13}  p50/p99 s")
+    for row in sorted(data["benchmarks"], key=lambda r: (r["extra_info"]["reward"], r["extra_info"]["batch"])):
+        info = row["extra_info"]
+        latency = f"{info['p50_latency_s']:.3f}/{info['p99_latency_s']:.3f}" if "p50_latency_s" in info else ""
+        print(
+            f"{info['reward']:42} {info['implementation']:10} {info['batch']:>5} {info['words']:>5} "
+            f"{info['format']:14} {info['completions_per_s']:>13,.0f}  {latency}"
+        )
+    for target in data["grpo_bench"]["targets"]:
+        lowest = target["lowest_ratio"]
+        verdict = "not measured" if lowest is None else f"lowest ratio {lowest:.2f}x: {'met' if target['met'] else 'MISSED'}"
+        print(f"target: {target['claim']} (>= {target['minimum_ratio']:g}x): {verdict}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench = commands.add_parser("bench", help="run a profile and write result files")
+    bench.add_argument("--profile", help=f"one of: {', '.join(profiles.available())} (default: this hardware's)")
+    bench.add_argument("--quick", action="store_true", help="the profile's [quick] overlay: a smoke run")
+    bench.add_argument("--only", metavar="PATTERN", help=f"run only the parts matching PATTERN (parts: {', '.join(PARTS)})")
+    bench.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: results/runs)")
+    args = parser.parse_args(argv)
+
+    print_environment()
+    try:
+        profile = profiles.load(args.profile or default_profile(), quick=args.quick)
+    except profiles.ProfileError as error:
+        parser.error(str(error))
+    parts = [p for p in profile.parts if not args.only or fnmatch.fnmatch(p, args.only)]
+    if not parts:
+        parser.error(f"--only {args.only!r} matches no part of profile {profile.name!r} (parts: {', '.join(profile.parts)})")
+    print(f"profile {profile.name}{' (quick)' if args.quick else ''}: {profile.question}")
+    for part in parts:
+        print(f"\n== {part} ==", flush=True)
+        path = PARTS[part](profile, args.quick, args.out)
+        print_rewards_summary(path)
+        print(f"\nwrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    return 0

