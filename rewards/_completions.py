@@ -27,20 +27,17 @@ def completion_text(completion: Any, index: int) -> str:
 
 
 def completion_texts(completions: Sequence[Any]) -> list[str]:
-    texts = [c if type(c) is str else _message_content(c) for c in completions]
-    if None in texts:  # something that is neither format: find it and say which
-        for index, completion in enumerate(completions):
-            completion_text(completion, index)
-    return texts  # type: ignore[return-value]
-
-
-def _message_content(completion: Any) -> str | None:
-    """The fast path of :func:`completion_text`: None where that one would raise."""
+    """The texts of a batch, checked. One pass at near C speed for well-formed batches of
+    either format; anything else goes item by item through :func:`completion_text`, which
+    raises naming the index."""
     try:
-        content = completion[-1]["content"]
+        return [t if type(t := c if type(c) is str else c[-1]["content"]) is str else _not_text() for c in completions]
     except (TypeError, KeyError, IndexError, AttributeError):
-        return None
-    return content if type(content) is str and isinstance(completion, (list, tuple)) else None
+        return [completion_text(completion, index) for index, completion in enumerate(completions)]
+
+
+def _not_text() -> str:
+    raise TypeError  # caught by completion_texts, which then finds and names the culprit
 
 
 def per_example(name: str, values: Any, completions: Sequence[Any]) -> list[Any]:

@@ -28,18 +28,18 @@ class RubricJudgeReward:
         self.rubric = rubric
         self.__name__ = "rubric_judge_reward"
 
-    def _pairs(self, completions: Sequence[Any], prompts: Sequence[Any] | None) -> zip:
+    def _texts(self, completions: Sequence[Any], prompts: Sequence[Any] | None) -> list[str]:
         if prompts is None:
             raise ValueError("rubric_judge_reward needs prompts= (GRPOTrainer passes them)")
-        if len(prompts) != len(completions):
-            per_example("prompts", prompts, completions)  # raises, naming both lengths
-        return zip(prompts, completion_texts(completions))
+        per_example("prompts", prompts, completions)
+        return completion_texts(completions)
 
     def __call__(self, completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any) -> list[float]:
+        texts = self._texts(completions, prompts)
         judge, rubric = self.judge_client.judge, self.rubric
         return [
-            1.0 if judge(rubric=rubric, prompt=prompt, response=response, output_format="pass_fail") == "pass" else 0.0
-            for prompt, response in self._pairs(completions, prompts)
+            1.0 if judge(rubric=rubric, prompt=prompt, response=text, output_format="pass_fail") == "pass" else 0.0
+            for prompt, text in zip(prompts, texts)  # type: ignore[arg-type]
         ]
 
 
@@ -65,7 +65,8 @@ class AsyncRubricJudgeReward(RubricJudgeReward):
                     return _passed(await ajudge(**request))
                 return _passed(await asyncio.to_thread(self.judge_client.judge, **request))
 
-        return list(await asyncio.gather(*(one(p, r) for p, r in self._pairs(completions, prompts))))
+        texts = self._texts(completions, prompts)
+        return list(await asyncio.gather(*(one(p, t) for p, t in zip(prompts, texts))))  # type: ignore[arg-type]
 
 
 def make_rubric_judge_reward(judge_client: Any, rubric: str) -> RubricJudgeReward:
