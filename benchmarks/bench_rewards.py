@@ -15,8 +15,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -156,7 +157,9 @@ def sandbox() -> Bubblewrap:
     return default_sandbox()
 
 
-def test_execution_throughput(benchmark: Any, bench_profile: Any, sandbox: Bubblewrap, exec_batch: int, words: int, fmt: str) -> None:
+def test_execution_throughput(
+    benchmark: Any, bench_profile: Any, sandbox: Bubblewrap, exec_batch: int, words: int, fmt: str
+) -> None:
     """Ours: one bubblewrap sandbox per completion, a small runner inside, workers = cores."""
     settings = bench_profile.rewards
     inputs = reward_inputs.build("code", exec_batch, words, fmt)
@@ -170,8 +173,11 @@ def test_execution_throughput(benchmark: Any, bench_profile: Any, sandbox: Bubbl
     _describe(benchmark, "test_execution_reward", "grpo-bench", exec_batch, words, fmt)
     warmup = 1 if settings.execution_rounds > 1 else 0
     result = benchmark.pedantic(
-        reward, args=(inputs.completions,), kwargs={**inputs.kwargs, "log_extra": log_extra},
-        rounds=settings.execution_rounds, warmup_rounds=warmup,
+        reward,
+        args=(inputs.completions,),
+        kwargs={**inputs.kwargs, "log_extra": log_extra},
+        rounds=settings.execution_rounds,
+        warmup_rounds=warmup,
     )
     assert result == [1.0 if i % 2 == 0 else 0.0 for i in range(exec_batch)], "a verdict differs from the inputs' truth"
     benchmark.extra_info.update(_latencies(logged), workers=reward.workers, sandbox="bubblewrap + runner")
@@ -203,13 +209,16 @@ def test_seed_execution_throughput(benchmark: Any, bench_profile: Any, sandbox: 
         results = []
         for completion, tests in zip(inputs.completions, inputs.kwargs["test_code"]):
             start = time.perf_counter()
-            results += seed_rewards.test_execution_reward([completion], [tests], sandbox_cmd, settings.execution_timeout_s)
+            results += seed_rewards.test_execution_reward(
+                [completion], [tests], sandbox_cmd, settings.execution_timeout_s
+            )
             logged["seconds"].append(time.perf_counter() - start)
         return results
 
     _describe(benchmark, "test_execution_reward", "seed", batch, words, "str")
     result = benchmark.pedantic(serial_round, rounds=settings.seed_execution_rounds, warmup_rounds=0)
     os.rmdir(work_root)
-    assert result == [1.0 if i % 2 == 0 else 0.0 for i in range(batch)], "the seed's verdicts differ from the inputs' truth"
+    assert result == [1.0 if i % 2 == 0 else 0.0 for i in range(batch)], (
+        "the seed's verdicts differ from the inputs' truth"
+    )
     benchmark.extra_info.update(_latencies(logged), workers=1, sandbox="bubblewrap + python -m pytest")
-

@@ -41,7 +41,10 @@ def default_profile() -> str:
 
 
 def print_environment() -> None:
-    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or '?'}")
+    print(
+        f"python {platform.python_version()} on {platform.machine()} "
+        f"({platform.processor() or 'processor unknown'}), {os.cpu_count()} cores"
+    )
     for module in ("torch", "trl", "transformers"):
         try:
             print(f"{module} {__import__(module).__version__}")
@@ -53,7 +56,7 @@ def print_environment() -> None:
 def run_rewards(profile: profiles.Profile, quick: bool, out: Path) -> Path:
     """The reward benchmarks under pytest-benchmark; returns the result file written."""
     settings = profile.rewards
-    target = out / profile.hardware / f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-rewards.json"
+    target = out / profile.hardware / f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}-rewards.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         partial = Path(scratch) / "rewards.json"
@@ -86,7 +89,9 @@ def print_rewards_summary(path: Path) -> None:
         )
     for target in data["grpo_bench"]["targets"]:
         lowest = target["lowest_ratio"]
-        verdict = "not measured" if lowest is None else f"lowest ratio {lowest:.2f}x: {'met' if target['met'] else 'MISSED'}"
+        verdict = (
+            "not measured" if lowest is None else f"lowest ratio {lowest:.2f}x: {'met' if target['met'] else 'MISSED'}"
+        )
         print(f"target: {target['claim']} (>= {target['minimum_ratio']:g}x): {verdict}")
 
 
@@ -96,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     bench = commands.add_parser("bench", help="run a profile and write result files")
     bench.add_argument("--profile", help=f"one of: {', '.join(profiles.available())} (default: this hardware's)")
     bench.add_argument("--quick", action="store_true", help="the profile's [quick] overlay: a smoke run")
-    bench.add_argument("--only", metavar="PATTERN", help=f"run only the parts matching PATTERN (parts: {', '.join(PARTS)})")
+    bench.add_argument(
+        "--only", metavar="PATTERN", help=f"run only the parts matching PATTERN (parts: {', '.join(PARTS)})"
+    )
     bench.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: results/runs)")
     args = parser.parse_args(argv)
 
@@ -107,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     parts = [p for p in profile.parts if not args.only or fnmatch.fnmatch(p, args.only)]
     if not parts:
-        parser.error(f"--only {args.only!r} matches no part of profile {profile.name!r} (parts: {', '.join(profile.parts)})")
+        parser.error(
+            f"--only {args.only!r} matches no part of profile {profile.name!r} (parts: {', '.join(profile.parts)})"
+        )
     print(f"profile {profile.name}{' (quick)' if args.quick else ''}: {profile.question}")
     for part in parts:
         print(f"\n== {part} ==", flush=True)

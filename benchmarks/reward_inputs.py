@@ -26,7 +26,24 @@ ANSWER_SCHEMA = {
     "required": ["answer", "steps"],
     "additionalProperties": False,
 }
-VOCABULARY = "the sum of two and forty so we carry one then add digits check result again".split()
+VOCABULARY = [
+    "the",
+    "sum",
+    "of",
+    "two",
+    "and",
+    "forty",
+    "so",
+    "we",
+    "carry",
+    "one",
+    "then",
+    "add",
+    "digits",
+    "check",
+    "result",
+    "again",
+]
 
 
 def _words(count: int, seed: int) -> list[str]:

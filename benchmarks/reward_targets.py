@@ -14,7 +14,12 @@ from typing import Any
 from benchmarks.profile import Profile
 
 SCHEMA_VERSION = 1
-STRING_REWARDS = ("format_reward", "correctness_reward", "with_length_penalty(correctness_reward)", "rubric_judge_reward")
+STRING_REWARDS = (
+    "format_reward",
+    "correctness_reward",
+    "with_length_penalty(correctness_reward)",
+    "rubric_judge_reward",
+)
 TARGETS = (
     # (name, claim quoted from the issue, rewards compared, minimum ratio)
     ("schema_reward", "schema_reward at least 5x the seed's completions/s", ("schema_reward",), 5.0),
@@ -49,7 +54,9 @@ def _sandbox() -> dict[str, Any]:
     sandbox = default_sandbox()
     described: dict[str, Any] = {"backend": repr(sandbox), "unavailable": sandbox.unavailable_reason()}
     if sandbox.bwrap:
-        described["bwrap_version"] = subprocess.run([sandbox.bwrap, "--version"], capture_output=True, text=True).stdout.strip()
+        described["bwrap_version"] = subprocess.run(
+            [sandbox.bwrap, "--version"], capture_output=True, text=True
+        ).stdout.strip()
     return described
 
 

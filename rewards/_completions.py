@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def completion_text(completion: Any, index: int) -> str:
@@ -53,7 +54,7 @@ def is_async(fn: Any) -> bool:
     """Whether calling ``fn`` returns a coroutine: functions, partials and callable instances (as TRL 1.16 asks)."""
     while isinstance(fn, functools.partial):
         fn = fn.func
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))
 
 
 def callable_name(fn: Any) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jsonschema
 from jsonschema.validators import validator_for
@@ -15,7 +16,8 @@ EXACT_MATCH_REWARD = 2.0  # the seed library's value, kept so existing reward we
 
 
 def answer_block(text: str) -> str | None:
-    """The first ``<answer>...</answer>`` block's inside, as ``re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)``."""
+    """The first ``<answer>...</answer>`` block's inside: what the seed's
+    ``re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)`` captures, found with ``str.find``."""
     start = text.find("<answer>")
     if start == -1:
         return None

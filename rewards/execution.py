@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ._completions import completion_texts, per_example
 from .sandbox import CommandPrefix, Sandbox, Verdict, default_sandbox, run_in_sandbox
@@ -78,7 +79,9 @@ class TestExecutionReward:
         """Rewards in order. Under TRL, ``log_extra`` adds each verdict's reason and seconds to
         the completions table and ``log_metric`` the batch's slowest sandbox run."""
         texts = completion_texts(completions)
-        tests = [test_code] * len(texts) if isinstance(test_code, str) else per_example("test_code", test_code, completions)
+        tests = (
+            [test_code] * len(texts) if isinstance(test_code, str) else per_example("test_code", test_code, completions)
+        )
         if self.sandbox.refusal():
             return [0.0] * len(texts)
         runnable = [i for i, t in enumerate(tests) if t is not None]
@@ -119,7 +122,11 @@ def _reward_for(sandbox_cmd: Sequence[str] | None, timeout_s: float, asynchronou
 
 
 def test_execution_reward(
-    completions: Sequence[Any], test_code: Any, sandbox_cmd: Sequence[str] | None = None, timeout_s: float = 10, **kwargs: Any
+    completions: Sequence[Any],
+    test_code: Any,
+    sandbox_cmd: Sequence[str] | None = None,
+    timeout_s: float = 10,
+    **kwargs: Any,
 ) -> list[float | None]:
     """The seed library's signature: 1.0 if the completion passes its ``test_code``, else 0.0.
 
@@ -135,7 +142,11 @@ def test_execution_reward(
 
 
 async def async_test_execution_reward(
-    completions: Sequence[Any], test_code: Any, sandbox_cmd: Sequence[str] | None = None, timeout_s: float = 10, **kwargs: Any
+    completions: Sequence[Any],
+    test_code: Any,
+    sandbox_cmd: Sequence[str] | None = None,
+    timeout_s: float = 10,
+    **kwargs: Any,
 ) -> list[float | None]:
     """:func:`test_execution_reward` as a coroutine function, for TRL's concurrent async rewards."""
     return await _reward_for(sandbox_cmd, timeout_s, asynchronous=True)(completions, test_code, **kwargs)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ._completions import completion_texts, per_example
 
@@ -23,7 +24,9 @@ class RubricJudgeReward:
 
     def __init__(self, judge_client: Any, rubric: str) -> None:
         if not hasattr(judge_client, "judge"):
-            raise TypeError(f"judge_client {type(judge_client).__name__} has no judge(rubric=, prompt=, response=, ...)")
+            raise TypeError(
+                f"judge_client {type(judge_client).__name__} has no judge(rubric=, prompt=, response=, ...)"
+            )
         self.judge_client = judge_client
         self.rubric = rubric
         self.__name__ = "rubric_judge_reward"
@@ -54,7 +57,9 @@ class AsyncRubricJudgeReward(RubricJudgeReward):
         super().__init__(judge_client, rubric)
         self.max_concurrency = max_concurrency
 
-    async def __call__(self, completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any) -> list[float]:
+    async def __call__(
+        self, completions: Sequence[Any], prompts: Sequence[Any] | None = None, **kwargs: Any
+    ) -> list[float]:
         gate = asyncio.Semaphore(self.max_concurrency)
         ajudge = getattr(self.judge_client, "ajudge", None)
 

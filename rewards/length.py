@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ._completions import callable_name, completion_texts, is_async, per_example
 
@@ -18,7 +19,11 @@ class LengthPenalty:
     """
 
     def __init__(
-        self, reward_fn: Callable[..., list], target_len: int = 512, penalty_per_token: float = 0.001, tokenizer: Any = None
+        self,
+        reward_fn: Callable[..., list],
+        target_len: int = 512,
+        penalty_per_token: float = 0.001,
+        tokenizer: Any = None,
     ) -> None:
         if target_len < 0 or penalty_per_token < 0:
             raise ValueError(f"target_len ({target_len}) and penalty_per_token ({penalty_per_token}) must be >= 0")

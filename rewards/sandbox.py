@@ -25,9 +25,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 RUNNER_SOURCE = (Path(__file__).with_name("sandbox_runner.py")).read_text()
 # First uid of the per-worker range that root drops to: Debian reserves 65000-65533 for

@@ -2,7 +2,6 @@
 
 import asyncio
 import inspect
-import json
 import pickle
 
 import pytest
@@ -12,7 +11,6 @@ from rewards import (
     format_reward,
     make_async_rubric_judge_reward,
     make_rubric_judge_reward,
-    make_test_execution_reward,
     schema_reward,
     with_length_penalty,
 )

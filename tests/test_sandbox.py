@@ -6,6 +6,7 @@ import logging
 import os
 import pickle
 import socket
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -23,7 +24,15 @@ from rewards.sandbox import UID_BASE, find_bwrap
 
 TIMEOUT_S = 2.0
 RUNNER_MARKER = "The program that runs inside the sandbox"
-ADD_TESTS = "from candidate import add\n\ndef test_small():\n    assert add(1, 2) == 3\n\ndef test_negative():\n    assert add(-1, -2) == -3\n"
+ADD_TESTS = """
+from candidate import add
+
+def test_small():
+    assert add(1, 2) == 3
+
+def test_negative():
+    assert add(-1, -2) == -3
+"""
 CORRECT_ADD = "def add(a, b):\n    return a + b\n"
 ATTACK_TESTS = "from candidate import attack\n\ndef test_attack_worked():\n    assert attack() is True\n"
 
@@ -78,33 +87,111 @@ def test_an_incorrect_candidate_scores_zero(sandbox, candidate):
 
 
 ATTACKS = {
-    "infinite loop": "def attack():\n    while True:\n        pass\n",
-    "fork bomb": "import os\n\ndef attack():\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n",
-    "memory bomb": "def attack():\n    hoard = [bytearray(1 << 26) for _ in range(10_000)]\n    return len(hoard) > 0\n",
-    "tcp connection": (
-        "import socket, sys\n\ndef attack():\n    s = socket.create_connection(('127.0.0.1', PORT), timeout=1)\n"
-        "    s.sendall(b'leak')\n    return True\n"
-    ),
-    "parent environment secret": "import os\n\ndef attack():\n    return os.environ.get('GRPO_BENCH_SECRET') == 'SECRET'\n",
-    "file in the host user's home": "def attack():\n    return open('HOME_FILE').read() == 'SECRET'\n",
-    "write outside tmp": (
-        "import os\n\ndef attack():\n    wrote = False\n    for path in TARGETS:\n        try:\n"
-        "            with open(path, 'w') as f:\n                f.write('escaped')\n            wrote = wrote or not path.startswith('/tmp/')\n"
-        "        except OSError:\n            pass\n    return wrote\n"
-    ),
-    "daemonised child": (
-        "import os, time\n\ndef attack():\n    if os.fork() == 0:\n        os.setsid()\n        if os.fork() == 0:\n"
-        "            time.sleep(60)\n        os._exit(0)\n    return True\n"
-    ),
-    "100 MB of output": "import sys\n\ndef attack():\n    sys.stdout.write('x' * 100_000_000)\n    sys.stdout.flush()\n    return True\n",
-    "kills its parent": "import os, signal\n\ndef attack():\n    os.kill(os.getppid(), signal.SIGKILL)\n    return True\n",
-    "os._exit(0) before the tests": "import os\nos._exit(0)\n\ndef attack():\n    return True\n",
-    "forged verdict": (
-        "import os\nverdict = 'passed\\n1 tests passed\\n'\n"
-        "print(verdict, flush=True)\nfor fd in os.listdir('/proc/self/fd'):\n    try:\n        os.write(int(fd), verdict.encode())\n"
-        "    except OSError:\n        pass\nfor fd in range(3):\n    try:\n        with open(f'/proc/{os.getppid()}/fd/{fd}', 'w') as f:\n"
-        "            f.write(verdict)\n    except OSError:\n        pass\nos._exit(0)\n\ndef attack():\n    return True\n"
-    ),
+    "infinite loop": """
+        def attack():
+            while True:
+                pass
+        """,
+    "fork bomb": """
+        import os
+
+        def attack():
+            while True:
+                try:
+                    os.fork()
+                except OSError:
+                    pass
+        """,
+    "memory bomb": """
+        def attack():
+            hoard = [bytearray(1 << 26) for _ in range(10_000)]
+            return len(hoard) > 0
+        """,
+    "tcp connection": """
+        import socket
+
+        def attack():
+            connection = socket.create_connection(("127.0.0.1", PORT), timeout=1)
+            connection.sendall(b"leak")
+            return True
+        """,
+    "parent environment secret": """
+        import os
+
+        def attack():
+            return os.environ.get("GRPO_BENCH_SECRET") == "SECRET"
+        """,
+    "file in the host user's home": """
+        def attack():
+            return open("HOME_FILE").read() == "SECRET"
+        """,
+    "write outside tmp": """
+        def attack():
+            wrote = False
+            for path in TARGETS:
+                try:
+                    with open(path, "w") as f:
+                        f.write("escaped")
+                    wrote = wrote or not path.startswith("/tmp/")
+                except OSError:
+                    pass
+            return wrote
+        """,
+    "daemonised child": """
+        import os, time
+
+        def attack():
+            if os.fork() == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    time.sleep(60)
+                os._exit(0)
+            return True
+        """,
+    "100 MB of output": """
+        import sys
+
+        def attack():
+            sys.stdout.write("x" * 100_000_000)
+            sys.stdout.flush()
+            return True
+        """,
+    "kills its parent": """
+        import os, signal
+
+        def attack():
+            os.kill(os.getppid(), signal.SIGKILL)
+            return True
+        """,
+    "os._exit(0) before the tests": """
+        import os
+
+        os._exit(0)
+
+        def attack():
+            return True
+        """,
+    "forged verdict": """
+        import os
+
+        verdict = "passed\\n1 tests passed\\n"  # the runner's verdict format, everywhere it can reach
+        print(verdict, flush=True)
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                os.write(int(fd), verdict.encode())
+            except OSError:
+                pass
+        for fd in range(3):
+            try:
+                with open(f"/proc/{os.getppid()}/fd/{fd}", "w") as f:
+                    f.write(verdict)
+            except OSError:
+                pass
+        os._exit(0)
+
+        def attack():
+            return True
+        """,
 }
 
 
@@ -119,7 +206,7 @@ def test_an_adversarial_candidate_scores_zero_and_leaves_nothing(sandbox, name, 
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setblocking(False)
     candidate = (
-        ATTACKS[name]
+        textwrap.dedent(ATTACKS[name])
         .replace("PORT", str(listener.getsockname()[1]))
         .replace("HOME_FILE", str(home_file))
         .replace("TARGETS", repr(targets))

@@ -1,0 +1,37 @@
+"""The reward benchmark's targets are computed from its own rows, per matching case."""
+
+import pytest
+
+from benchmarks import profile as profiles
+from benchmarks.reward_targets import summarize
+
+
+def row(reward, implementation, median_s, batch=8, words=100, fmt="str"):
+    info = {"reward": reward, "implementation": implementation, "batch": batch, "words": words, "format": fmt}
+    return {"extra_info": info, "stats": {"median": median_s}}
+
+
+def test_targets_compare_ours_with_the_seed_on_the_same_case_only():
+    rows = [
+        row("schema_reward", "grpo-bench", 0.001),
+        row("schema_reward", "seed", 0.010),  # 10x: met
+        row("schema_reward", "grpo-bench", 0.001, batch=64),  # no seed row for this case: not compared
+        row("test_execution_reward", "grpo-bench", 1.0, batch=64),
+        row("test_execution_reward", "seed", 10.0, batch=64),  # 10x: under 20x
+        row("format_reward", "grpo-bench", 0.002),
+        row("format_reward", "seed", 0.001),  # half as fast: missed
+        row("think_format_reward", "trl", 0.001),  # a reference row, in no target
+    ]
+    block = summarize(profiles.load("cpu"), rows)
+    assert rows[0]["extra_info"]["completions_per_s"] == pytest.approx(8000)
+    targets = {t["name"]: t for t in block["targets"]}
+    assert targets["schema_reward"]["lowest_ratio"] == pytest.approx(10) and targets["schema_reward"]["met"] is True
+    assert len(targets["schema_reward"]["comparisons"]) == 1
+    assert targets["execution"]["lowest_ratio"] == pytest.approx(10) and targets["execution"]["met"] is False
+    assert targets["string_rewards"]["lowest_ratio"] == pytest.approx(0.5) and targets["string_rewards"]["met"] is False
+    assert block["schema_version"] == 1 and block["profile"]["name"] == "cpu"
+
+
+def test_a_target_with_no_rows_says_not_measured():
+    block = summarize(profiles.load("cpu", quick=True), [row("format_reward", "grpo-bench", 0.001)])
+    assert all(t["met"] is None and t["lowest_ratio"] is None for t in block["targets"])
