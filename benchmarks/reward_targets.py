@@ -14,12 +14,9 @@ from typing import Any
 from benchmarks.profile import Profile
 
 SCHEMA_VERSION = 1
-STRING_REWARDS = (
-    "format_reward",
-    "correctness_reward",
-    "with_length_penalty(correctness_reward)",
-    "rubric_judge_reward",
-)
+# The judge is I/O-bound (the issue groups it with execution): its rows time our wrapper
+# around an in-process stub, so they are reported but not held to the string-reward target.
+STRING_REWARDS = ("format_reward", "correctness_reward", "with_length_penalty(correctness_reward)")
 TARGETS = (
     # (name, claim quoted from the issue, rewards compared, minimum ratio)
     ("schema_reward", "schema_reward at least 5x the seed's completions/s", ("schema_reward",), 5.0),

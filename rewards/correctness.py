@@ -4,25 +4,18 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import fastjsonschema
 import jsonschema
 from jsonschema.validators import validator_for
 
 from ._completions import completion_texts, per_example
 
+ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)  # the seed's pattern, compiled once
 EXACT_MATCH_REWARD = 2.0  # the seed library's value, kept so existing reward weights still hold
-
-
-def answer_block(text: str) -> str | None:
-    """The first ``<answer>...</answer>`` block's inside: what the seed's
-    ``re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)`` captures, found with ``str.find``."""
-    start = text.find("<answer>")
-    if start == -1:
-        return None
-    end = text.find("</answer>", start + len("<answer>"))
-    return None if end == -1 else text[start + len("<answer>") : end]
 
 
 def correctness_reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs: Any) -> list[float | None]:
@@ -40,23 +33,63 @@ def correctness_reward(completions: Sequence[Any], answer: Sequence[Any], **kwar
         if gold is None:
             rewards.append(None)
             continue
-        predicted = answer_block(text)
-        rewards.append(EXACT_MATCH_REWARD if predicted is not None and predicted.strip() == str(gold).strip() else 0.0)
+        match = ANSWER_BLOCK.search(text)
+        rewards.append(EXACT_MATCH_REWARD if match and match.group(1).strip() == str(gold).strip() else 0.0)
     return rewards
 
 
+# Keywords whose meaning is the same in draft-07 (fastjsonschema's newest) and in 2020-12
+# (what jsonschema applies to a schema without "$schema"); "format" is an annotation in both,
+# as compiled here. A schema using only these compiles to plain Python with fastjsonschema;
+# any other goes to jsonschema. A test checks that both give the same verdicts.
+PORTABLE_KEYWORDS = frozenset(
+    "type enum const maximum exclusiveMaximum minimum exclusiveMinimum maxLength minLength pattern maxItems "
+    "minItems uniqueItems maxProperties minProperties required properties patternProperties additionalProperties "
+    "items contains propertyNames allOf anyOf oneOf not if then else title description default examples format "
+    "$comment readOnly writeOnly".split()
+)
+SUBSCHEMA = ("additionalProperties", "items", "contains", "propertyNames", "not", "if", "then", "else")
+
+
+def portable(schema: Any) -> bool:
+    """Whether fastjsonschema gives this schema (no ``$schema``) the meaning jsonschema does."""
+    if isinstance(schema, bool):
+        return True
+    if not isinstance(schema, dict) or not PORTABLE_KEYWORDS.issuperset(schema):
+        return False
+    children = [schema[k] for k in SUBSCHEMA if k in schema]
+    children += [s for k in ("properties", "patternProperties") for s in schema.get(k, {}).values()]
+    children += [s for k in ("allOf", "anyOf", "oneOf") for s in schema.get(k, [])]
+    return all(portable(child) for child in children)
+
+
 @functools.lru_cache(maxsize=1024)
-def _validator(schema_json: str) -> jsonschema.protocols.Validator:
+def _validity_check(schema_json: str) -> Callable[[Any], bool]:
     schema = json.loads(schema_json)
     cls = validator_for(schema)
     cls.check_schema(schema)
-    return cls(schema)
+    if portable(schema):
+        try:
+            compiled = fastjsonschema.compile(schema, use_formats=False)
+        except fastjsonschema.JsonSchemaDefinitionException:
+            return cls(schema).is_valid
+
+        def is_valid(instance: Any) -> bool:
+            try:
+                compiled(instance)
+                return True
+            except fastjsonschema.JsonSchemaValueException:
+                return False
+
+        return is_valid
+    return cls(schema).is_valid
 
 
-def _compiled(schema: Any, where: str) -> jsonschema.protocols.Validator:
-    """A validator for ``schema``, checked against its metaschema once and cached by content."""
+def _compiled(schema: Any, where: str) -> Callable[[Any], bool]:
+    """``instance -> bool`` for ``schema``: checked against its metaschema once, compiled once,
+    cached by content."""
     try:
-        return _validator(json.dumps(schema, sort_keys=True))
+        return _validity_check(json.dumps(schema, sort_keys=True))
     except jsonschema.SchemaError as error:
         raise ValueError(f"{where} is not a valid JSON Schema: {error.message}") from None
     except TypeError as error:
@@ -68,7 +101,8 @@ def schema_reward(completions: Sequence[Any], output_schema: Any, **kwargs: Any)
 
     ``output_schema`` is one JSON Schema (a dict, or a bool) for the whole batch, or a
     per-example column of them; a per-example ``None`` returns ``None``. Each distinct
-    schema is checked against its metaschema once and compiled once, not on every call.
+    schema is checked against its metaschema once and compiled once, not on every call
+    (to plain Python with fastjsonschema where its meaning is portable, else jsonschema).
 
     >>> schema = {"type": "object", "required": ["x"]}
     >>> schema_reward(['{"x": 1}', '{"y": 1}', "not json"], output_schema=schema)
@@ -92,7 +126,7 @@ def schema_reward(completions: Sequence[Any], output_schema: Any, **kwargs: Any)
             rewards.append(None)
             continue
         try:
-            rewards.append(1.0 if validator.is_valid(json.loads(text)) else 0.0)
+            rewards.append(1.0 if validator(json.loads(text)) else 0.0)
         except (ValueError, RecursionError):  # not JSON, or nested past the interpreter's limit
             rewards.append(0.0)
     return rewards

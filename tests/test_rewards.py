@@ -227,20 +227,72 @@ def test_format_check_answers_as_the_seed_regex_does():
     assert sum(reasoning_then_answer(t) for t in texts) > 100  # the sample holds matches too
 
 
-def test_answer_extraction_answers_as_the_seed_regex_does():
-    import random
-    import re
-
-    from rewards.correctness import answer_block
-
-    pieces = ["<answer>", "</answer>", "<answer", "x", " ", "\n"]
-    for text in random_tag_soup(random.Random(1), pieces, 20_000):
-        match = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
-        assert answer_block(text) == (match.group(1) if match else None), text
-
-
 def test_length_penalty_counts_exactly_around_the_short_text_shortcut():
     # 'a a a': 5 characters hold at most 3 words, so at target 3 no split is needed; at target 2 one is.
     for target, expected in [(3, 1.0), (2, 0.9)]:
         wrapped = with_length_penalty(constant(1.0), target_len=target, penalty_per_token=0.1)
         assert wrapped(["a a a"]) == pytest.approx([expected])
+
+
+PORTABLE_SCHEMAS = [
+    {
+        "type": "object",
+        "properties": {
+            "answer": {"type": "integer", "minimum": 0},
+            "steps": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["answer"],
+        "additionalProperties": False,
+    },
+    {"type": "array", "items": {"enum": [1, "a", None, True]}, "minItems": 1, "uniqueItems": True},
+    {"anyOf": [{"type": "string", "pattern": "^a", "maxLength": 3}, {"type": "number", "exclusiveMaximum": 2}]},
+    {
+        "type": "object",
+        "patternProperties": {"^x": {"const": 1}},
+        "propertyNames": {"maxLength": 2},
+        "minProperties": 1,
+    },
+    {"if": {"type": "object", "required": ["a"]}, "then": {"required": ["b"]}, "else": {"not": {"type": "null"}}},
+    {"type": ["integer", "boolean"], "format": "email"},  # format is an annotation in both
+]
+
+
+def random_json(rng, depth=0):
+    kind = rng.randrange(9 if depth < 3 else 6)
+    return [
+        lambda: None,
+        lambda: rng.choice([True, False]),
+        lambda: rng.randrange(-3, 4),
+        lambda: rng.choice([1.0, 1.5, -0.0, 2.0]),
+        lambda: rng.choice(["", "a", "ab", "abc", "abcd", "b", "x@y.z"]),
+        lambda: rng.choice(["x", "xy", "xyz"]),
+        lambda: [random_json(rng, depth + 1) for _ in range(rng.randrange(4))],
+        lambda: {rng.choice(["a", "b", "x", "xy", "answer", "steps"]): random_json(rng, depth + 1) for _ in range(3)},
+        lambda: {"answer": rng.randrange(-1, 3), "steps": [rng.choice(["s", 1]) for _ in range(rng.randrange(3))]},
+    ][kind]()
+
+
+@pytest.mark.parametrize("schema", PORTABLE_SCHEMAS)
+def test_compiled_schema_checks_agree_with_jsonschema(schema):
+    import random
+
+    from jsonschema.validators import validator_for
+
+    from rewards.correctness import _compiled, portable
+
+    assert portable(schema)  # these take the fastjsonschema path
+    reference, compiled = validator_for(schema)(schema), _compiled(schema, "schema")
+    rng = random.Random(2)
+    instances = [random_json(rng) for _ in range(5_000)]
+    assert [compiled(i) for i in instances] == [reference.is_valid(i) for i in instances]
+    assert any(compiled(i) for i in instances) and not all(compiled(i) for i in instances)
+
+
+def test_a_schema_outside_the_portable_subset_goes_to_jsonschema():
+    from rewards.correctness import portable
+
+    assert not portable({"type": "object", "unevaluatedProperties": False})  # 2019-09+ only
+    assert not portable({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "integer"})
+    assert not portable({"type": "array", "prefixItems": [{"type": "integer"}]})
+    only_jsonschema = {"type": "object", "properties": {"a": {}}, "unevaluatedProperties": False}
+    assert schema_reward(['{"a": 1}', '{"a": 1, "b": 2}'], output_schema=only_jsonschema) == [1.0, 0.0]
