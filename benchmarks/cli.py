@@ -92,6 +92,8 @@ def print_rewards_summary(path: Path) -> None:
         verdict = (
             "not measured" if lowest is None else f"lowest ratio {lowest:.2f}x: {'met' if target['met'] else 'MISSED'}"
         )
+        if target["within_noise"] and lowest is not None:
+            verdict += " (within the rows' spread)"
         print(f"target: {target['claim']} (>= {target['minimum_ratio']:g}x): {verdict}")
 
 

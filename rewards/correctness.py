@@ -28,14 +28,15 @@ def correctness_reward(completions: Sequence[Any], answer: Sequence[Any], **kwar
     [2.0, 0.0, 0.0]
     """
     golds = per_example("answers", answer, completions)
-    rewards: list[float | None] = []
-    for text, gold in zip(completion_texts(completions), golds):
-        if gold is None:
-            rewards.append(None)
-            continue
-        match = ANSWER_BLOCK.search(text)
-        rewards.append(EXACT_MATCH_REWARD if match and match.group(1).strip() == str(gold).strip() else 0.0)
-    return rewards
+    search = ANSWER_BLOCK.search
+    return [
+        None
+        if gold is None
+        else EXACT_MATCH_REWARD
+        if (match := search(text)) and match.group(1).strip() == (gold if type(gold) is str else str(gold)).strip()
+        else 0.0
+        for text, gold in zip(completion_texts(completions), golds)
+    ]
 
 
 # Keywords whose meaning is the same in draft-07 (fastjsonschema's newest) and in 2020-12

@@ -6,9 +6,9 @@ from benchmarks import profile as profiles
 from benchmarks.reward_targets import summarize
 
 
-def row(reward, implementation, median_s, batch=8, words=100, fmt="str"):
+def row(reward, implementation, median_s, batch=8, words=100, fmt="str", iqr_s=0.0):
     info = {"reward": reward, "implementation": implementation, "batch": batch, "words": words, "format": fmt}
-    return {"extra_info": info, "stats": {"median": median_s}}
+    return {"extra_info": info, "stats": {"median": median_s, "iqr": iqr_s}}
 
 
 def test_targets_compare_ours_with_the_seed_on_the_same_case_only():
@@ -30,6 +30,19 @@ def test_targets_compare_ours_with_the_seed_on_the_same_case_only():
     assert targets["execution"]["lowest_ratio"] == pytest.approx(10) and targets["execution"]["met"] is False
     assert targets["string_rewards"]["lowest_ratio"] == pytest.approx(0.5) and targets["string_rewards"]["met"] is False
     assert block["schema_version"] == 1 and block["profile"]["name"] == "cpu"
+
+
+def test_no_slower_means_not_slower_beyond_the_rows_spread():
+    def block(ours_s, seed_s, iqr_fraction):
+        rows = [
+            row("format_reward", "grpo-bench", ours_s, iqr_s=ours_s * iqr_fraction),
+            row("format_reward", "seed", seed_s),
+        ]
+        return {t["name"]: t for t in summarize(profiles.load("cpu"), rows)["targets"]}["string_rewards"]
+
+    assert block(0.00105, 0.001, 0.10)["met"] is True  # 5% slower, 10% spread: within noise
+    assert block(0.00120, 0.001, 0.10)["met"] is False  # 17% slower, 10% spread: slower
+    assert block(0.00105, 0.001, 0.0)["met"] is False  # 5% slower, no spread: slower
 
 
 def test_a_target_with_no_rows_says_not_measured():
