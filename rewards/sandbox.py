@@ -256,10 +256,13 @@ class CommandPrefix(Sandbox):
 
 def _processes_of(uid: int) -> bool:
     """Whether any process runs with real uid ``uid``."""
-    for status in Path("/proc").glob("[0-9]*/status"):
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
         try:
-            text = status.read_text()
-        except OSError:
+            with open(f"/proc/{pid}/status") as status:
+                text = status.read()
+        except OSError:  # gone since the listing (ENOENT or ESRCH)
             continue
         if text[text.index("\nUid:") :].split(maxsplit=2)[1] == str(uid):
             return True

@@ -276,3 +276,11 @@ def test_an_empty_sandbox_cmd_is_an_error_not_a_host_run():
 def test_misaligned_test_code_raises_naming_both_lengths():
     with pytest.raises(ValueError, match="1 test_code for 2 completions"):
         make_test_execution_reward(CommandPrefix(["no-such-sandbox-binary"]))(["a", "b"], test_code=[ADD_TESTS])
+
+
+def test_the_process_scan_survives_processes_ending_under_it(monkeypatch):
+    from rewards import sandbox as sandbox_module
+
+    real_listdir = os.listdir
+    monkeypatch.setattr(sandbox_module.os, "listdir", lambda path: ["999999999", "self", *real_listdir(path)])
+    assert sandbox_module._processes_of(4_000_000_000) is False  # a vanished pid is skipped, not raised
