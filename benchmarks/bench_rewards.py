@@ -104,27 +104,29 @@ SKIPPED = [
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Rows that are compared run back to back (ours, then the seed's, on the same inputs), so
+    that the machine's drift over the session does not fall between them."""
     from benchmarks.conftest import load_profile
 
     settings = load_profile(metafunc.config).rewards
+    inputs = [(b, w, f) for b in settings.batch_sizes for w in settings.words for f in settings.formats]
     if "case" in metafunc.fixturenames:
         params = [
             pytest.param(case, batch, words, fmt, id=f"{case.id}-b{batch}-w{words}-{fmt}")
+            for batch, words, fmt in inputs
             for case in CASES
-            for batch in settings.batch_sizes
-            for words in settings.words
-            for fmt in settings.formats
             if fmt in case.formats
         ]
         metafunc.parametrize("case, batch, words, fmt", params)
     elif "exec_batch" in metafunc.fixturenames:
+        seed_case = (settings.seed_execution_batch, min(settings.words), "str")
         params = [
-            pytest.param(batch, words, fmt, id=f"b{batch}-w{words}-{fmt}")
-            for batch in settings.batch_sizes
-            for words in settings.words
-            for fmt in settings.formats
+            pytest.param(implementation, batch, words, fmt, id=f"{implementation}-b{batch}-w{words}-{fmt}")
+            for batch, words, fmt in inputs
+            for implementation in ("grpo-bench", "seed")
+            if implementation == "grpo-bench" or (batch, words, fmt) == seed_case
         ]
-        metafunc.parametrize("exec_batch, words, fmt", params)
+        metafunc.parametrize("implementation, exec_batch, words, fmt", params)
 
 
 def _describe(benchmark: Any, reward: str, implementation: str, batch: int, words: int, fmt: str) -> None:
@@ -158,29 +160,37 @@ def sandbox() -> Bubblewrap:
 
 
 def test_execution_throughput(
-    benchmark: Any, bench_profile: Any, sandbox: Bubblewrap, exec_batch: int, words: int, fmt: str
+    benchmark: Any, bench_profile: Any, sandbox: Bubblewrap, implementation: str, exec_batch: int, words: int, fmt: str
 ) -> None:
-    """Ours: one bubblewrap sandbox per completion, a small runner inside, workers = cores."""
+    """Completions/s and per-completion latency of the execution reward, ours or the seed's design."""
     settings = bench_profile.rewards
     inputs = reward_inputs.build("code", exec_batch, words, fmt)
+    _describe(benchmark, "test_execution_reward", implementation, exec_batch, words, fmt)
+    if implementation == "seed":
+        result, latencies, described = _seed_execution(benchmark, settings, inputs)
+    else:
+        result, latencies, described = _our_execution(benchmark, settings, inputs, sandbox)
+    assert result == [1.0 if i % 2 == 0 else 0.0 for i in range(exec_batch)], "a verdict differs from the inputs' truth"
+    benchmark.extra_info.update(_latencies(latencies), **described)
+
+
+def _our_execution(benchmark: Any, settings: Any, inputs: Any, sandbox: Bubblewrap) -> tuple[list, list, dict]:
+    """One bubblewrap sandbox per completion, a small runner inside, workers = cores."""
     reward = rewards.make_test_execution_reward(sandbox, timeout_s=settings.execution_timeout_s)
-    logged: dict[str, list] = {"seconds": []}
+    latencies: list[float] = []
 
     def log_extra(column: str, values: list) -> None:
         if column == "execution_seconds":
-            logged["seconds"].extend(values)
+            latencies.extend(values)
 
-    _describe(benchmark, "test_execution_reward", "grpo-bench", exec_batch, words, fmt)
-    warmup = 1 if settings.execution_rounds > 1 else 0
     result = benchmark.pedantic(
         reward,
         args=(inputs.completions,),
         kwargs={**inputs.kwargs, "log_extra": log_extra},
         rounds=settings.execution_rounds,
-        warmup_rounds=warmup,
+        warmup_rounds=1 if settings.execution_rounds > 1 else 0,
     )
-    assert result == [1.0 if i % 2 == 0 else 0.0 for i in range(exec_batch)], "a verdict differs from the inputs' truth"
-    benchmark.extra_info.update(_latencies(logged), workers=reward.workers, sandbox="bubblewrap + runner")
+    return result, latencies, {"workers": reward.workers, "sandbox": "bubblewrap + runner"}
 
 
 class HostUidBubblewrap(Bubblewrap):
@@ -190,20 +200,17 @@ class HostUidBubblewrap(Bubblewrap):
         return None
 
 
-def test_seed_execution_throughput(benchmark: Any, bench_profile: Any, sandbox: Bubblewrap) -> None:
+def _seed_execution(benchmark: Any, settings: Any, inputs: Any) -> tuple[list, list, dict]:
     """The seed's design: serial, one ``python -m pytest`` per completion, in the same bubblewrap
     (same namespaces, mounts and rlimits; the seed's files are written by the host into a 0700
     temporary directory, so pytest runs as the host uid inside instead of a dropped one)."""
-    settings = bench_profile.rewards
-    batch, words = settings.seed_execution_batch, min(settings.words)
-    inputs = reward_inputs.build("code", batch, words, "str")
     work_root = tempfile.mkdtemp(prefix="grpo-bench-seed-", dir="/var/tmp")
     seed_rewards.SEED_WORK_ROOT = work_root
     seed_sandbox = HostUidBubblewrap(
         ro_paths=[sys.prefix, work_root], python_flags=("-I",), env={"PATH": f"{sys.prefix}/bin:/usr/bin:/bin"}
     )
     sandbox_cmd = seed_sandbox.runner_argv(0, settings.execution_timeout_s)
-    logged: dict[str, list] = {"seconds": []}
+    latencies: list[float] = []
 
     def serial_round() -> list[float]:
         results = []
@@ -212,13 +219,9 @@ def test_seed_execution_throughput(benchmark: Any, bench_profile: Any, sandbox: 
             results += seed_rewards.test_execution_reward(
                 [completion], [tests], sandbox_cmd, settings.execution_timeout_s
             )
-            logged["seconds"].append(time.perf_counter() - start)
+            latencies.append(time.perf_counter() - start)
         return results
 
-    _describe(benchmark, "test_execution_reward", "seed", batch, words, "str")
     result = benchmark.pedantic(serial_round, rounds=settings.seed_execution_rounds, warmup_rounds=0)
     os.rmdir(work_root)
-    assert result == [1.0 if i % 2 == 0 else 0.0 for i in range(batch)], (
-        "the seed's verdicts differ from the inputs' truth"
-    )
-    benchmark.extra_info.update(_latencies(logged), workers=1, sandbox="bubblewrap + python -m pytest")
+    return result, latencies, {"workers": 1, "sandbox": "bubblewrap + python -m pytest"}
