@@ -143,8 +143,8 @@ def test_reward_throughput(benchmark: Any, case: Case, batch: int, words: int, f
     benchmark.extra_info["mean_reward"] = statistics.fmean(r for r in result if r is not None)
 
 
-def _latencies(extra: dict) -> dict[str, float]:
-    seconds = sorted(extra["seconds"])
+def _latencies(seconds_each: list[float]) -> dict[str, float]:
+    seconds = sorted(seconds_each)
     return {
         "p50_latency_s": statistics.median(seconds),
         "p99_latency_s": seconds[min(len(seconds) - 1, round(0.99 * (len(seconds) - 1)))],
