@@ -313,14 +313,14 @@ def print_summary(path: Path) -> None:
         print(f"target: {target['claim']}: {met} (measured {target['measured']}, limit {target['limit']})")
     phases = ("rollout", "logprob", "forward_backward", "optimizer")
     header = "peak GiB by phase: " + " / ".join(phases)
-    print(f"\n{'configuration':64} {'status':8} {'s/step':>7} {'tok/s':>7} {header:>52}")
+    print(f"\n{'configuration':80} {'status':8} {'s/step':>7} {'tok/s':>7}  {header}")
     for record in data["configurations"]:
         summary = record.get("summary") or {}
         if record["status"] != "ok" or not summary:
-            print(f"{record['name']:64} {record['status']:8} {record.get('reason') or record.get('phase') or ''}")
+            print(f"{record['name']:80} {record['status']:8} {record.get('reason') or record.get('phase') or ''}")
             continue
         by_phase = " / ".join(f"{summary['peak_rss_bytes_by_phase'].get(p, 0) / GIB:5.2f}" for p in phases)
         print(
-            f"{record['name']:64} {'ok':8} {summary['step_s_median']:7.2f} "
-            f"{summary['completion_tokens_per_s_median']:7.1f} {by_phase:>52}"
+            f"{record['name']:80} {'ok':8} {summary['step_s_median']:7.2f} "
+            f"{summary['completion_tokens_per_s_median']:7.1f}  {by_phase}"
         )
