@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--only",
         metavar="PATTERN",
-        help=f"only the parts ({', '.join(PARTS)}) or GRPO configurations whose name matches PATTERN",
+        help=f"only the parts ({', '.join(PARTS)}) or GRPO configurations whose name matches PATTERN "
+        "(several: PATTERN,PATTERN)",
     )
     bench.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: results/runs)")
     args = parser.parse_args(argv)
@@ -118,11 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         profile = profiles.load(args.profile or default_profile(), quick=args.quick)
     except profiles.ProfileError as error:
         parser.error(str(error))
-    parts, configuration_filter = [p for p in profile.parts if not args.only or fnmatch.fnmatch(p, args.only)], None
+    patterns = args.only.split(",") if args.only else []
+    parts = [p for p in profile.parts if not patterns or any(fnmatch.fnmatch(p, x) for x in patterns)]
+    configuration_filter = None
     if not parts and profile.grpo is not None:
         names = [name for name, _ in profiles.configurations(profile.grpo)]
-        if any(fnmatch.fnmatch(name, args.only) for name in names):
-            parts, configuration_filter = ["grpo"], args.only
+        if any(fnmatch.fnmatch(name, x) for name in names for x in patterns):
+            parts, configuration_filter = ["grpo"], patterns
     if not parts:
         parser.error(
             f"--only {args.only!r} matches no part of profile {profile.name!r} ({', '.join(profile.parts)}) "

@@ -24,6 +24,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+try:
+    import pynvml
+except ImportError:  # nvidia-ml-py comes with the grpo extra; without it there is no NVML to read
+    pynvml = None
+
 from benchmarks import machine
 from benchmarks.profile import Profile, configurations, load_shapes
 from benchmarks.shapes import materialise
@@ -48,6 +53,17 @@ def write_atomically(path: Path, data: dict) -> None:
     os.replace(f.name, path)
 
 
+def nvml_devices() -> list:
+    """NVML handles of the visible GPUs; none without the library or a driver."""
+    if pynvml is None:
+        return []
+    try:
+        pynvml.nvmlInit()
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except pynvml.NVMLError:  # no driver, no device: nothing to read
+        return []
+
+
 class MemorySampler(threading.Thread):
     """Peak RSS of a process tree per (step, phase), read every 20 ms and at every phase
     boundary; stops the tree above ``budget_bytes``."""
@@ -64,6 +80,8 @@ class MemorySampler(threading.Thread):
         self.samples = 0
         self.cpu_s = 0.0
         self.members = [self.root]
+        self.devices = nvml_devices()  # NVML sees every process's device memory, vLLM's included
+        self.device_peaks: dict[tuple[int | None, str], int] = {}
         self.lock = threading.Lock()
         self.stopped = threading.Event()
 
@@ -79,9 +97,12 @@ class MemorySampler(threading.Thread):
     def sample(self, also: tuple[int | None, str] | None = None) -> None:
         """One reading, charged to the current (step, phase) and to ``also`` if given."""
         rss = self.tree_rss(self.members)
+        device_used = sum(pynvml.nvmlDeviceGetMemoryInfo(h).used for h in self.devices) if self.devices else 0
         with self.lock:
             for where in {self.where, also or self.where}:
                 self.peaks[where] = max(self.peaks.get(where, 0), rss)
+                if self.devices:
+                    self.device_peaks[where] = max(self.device_peaks.get(where, 0), device_used)
             self.samples += 1
         if self.budget_bytes and rss > self.budget_bytes and self.over_budget is None:
             self.over_budget = self.where
@@ -189,6 +210,10 @@ def run_configuration(
         step["peak_rss_bytes"] = {
             phase: peak for (index, phase), peak in sampler.peaks.items() if index == step["step"]
         }
+        if sampler.devices:
+            step["peak_device_used_bytes"] = {
+                phase: peak for (index, phase), peak in sampler.device_peaks.items() if index == step["step"]
+            }
     record: dict[str, Any] = {"status": "ok" if ending["event"] == "done" else ending["event"], "steps": steps}
     if sampler.over_budget is not None:
         record.update(
@@ -212,9 +237,9 @@ def run_configuration(
     return record
 
 
-def run_grpo(profile: Profile, quick: bool, out: Path, only: str | None = None) -> Path:
-    """The configurations of ``profile.grpo`` (those whose name matches ``only``, if given);
-    returns the result file written."""
+def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = ()) -> Path:
+    """The configurations of ``profile.grpo`` (those whose name matches a pattern of ``only``,
+    if given); returns the result file written."""
     grpo = profile.grpo
     assert grpo is not None
     shape = load_shapes()[grpo.shape]
@@ -234,7 +259,11 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: str | None = None) 
         "shape": {"name": grpo.shape, **asdict(shape), "param_count": shape.param_count()},
         "configurations": [],
     }
-    todo = [(name, levers) for name, levers in configurations(grpo) if not only or fnmatch.fnmatch(name, only)]
+    todo = [
+        (name, levers)
+        for name, levers in configurations(grpo)
+        if not only or any(fnmatch.fnmatch(name, x) for x in only)
+    ]
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as logs:
         for number, (name, levers) in enumerate(todo, 1):

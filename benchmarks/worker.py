@@ -12,6 +12,9 @@ the file descriptor named in the job, one JSON object per line:
 - ``{"event": "done"}``, or ``{"event": "oom", "phase": ...}``, or ``{"event": "skipped",
   "reason": ...}``, or ``{"event": "error", ...}``.
 
+In server mode the worker starts ``trl vllm-serve`` on 127.0.0.1 itself (its memory is
+then the worker's children's, counted with the rollout), waits for it and stops it.
+
 Phases (exclusive: a phase's time excludes the phases nested in it): ``rollout``
 (generation, weight sync to vLLM included), ``sleep_wake`` (vLLM sleep and wake, CUDA),
 ``reward``, ``logprob`` (old-policy and reference log-probs), ``scoring`` (the rest of
@@ -23,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -134,7 +138,44 @@ def skip_reason(job: dict, cuda: bool) -> str | None:
     return None
 
 
-def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str) -> Any:
+@contextlib.contextmanager
+def vllm_server(model_dir: str, levers: dict, log_path: str) -> Iterator[int]:
+    """``trl vllm-serve`` on 127.0.0.1 for server mode: started here (so that its memory is
+    the worker's children's), waited for on ``/health``, stopped by its process group."""
+    import socket
+    import subprocess
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "trl.cli.main", "vllm-serve", "--model", model_dir, "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--gpu_memory_utilization", str(levers["vllm_gpu_memory_utilization"])]
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/", timeout=5):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"trl vllm-serve did not come up (exit {server.poll()}); see {log_path}"
+                    ) from None
+                time.sleep(2)
+        yield port
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server_port: int | None) -> Any:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
@@ -181,6 +222,7 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str) -> Any
         vllm_mode=levers["vllm_mode"],
         vllm_enable_sleep_mode=levers["vllm_enable_sleep_mode"],
         vllm_gpu_memory_utilization=levers["vllm_gpu_memory_utilization"],
+        **({"vllm_server_host": "127.0.0.1", "vllm_server_port": server_port} if server_port else {}),
         beta=levers["beta"],
         num_generations=levers["num_generations"],
         per_device_train_batch_size=levers["per_device_train_batch_size"],
@@ -311,10 +353,16 @@ def run(job: dict, channel: TextIO) -> None:
     if cuda and job.get("memory_fraction"):
         torch.cuda.set_per_process_memory_fraction(job["memory_fraction"])
     phases = Phases(channel, cuda)
-    with tempfile.TemporaryDirectory() as output_dir:
+    server = job["levers"]["use_vllm"] and job["levers"]["vllm_mode"] == "server"
+    with tempfile.TemporaryDirectory() as output_dir, contextlib.ExitStack() as stack:
         try:
             with phases.phase("setup"):
-                trainer = build_trainer(job, phases, cuda, output_dir)
+                port = (
+                    stack.enter_context(vllm_server(job["model_dir"], job["levers"], f"{output_dir}/server.log"))
+                    if server
+                    else None
+                )
+                trainer = build_trainer(job, phases, cuda, output_dir, port)
             trainer.train()
         except BaseException as error:
             if is_out_of_memory(error):
