@@ -8,7 +8,6 @@ With no ``--profile``, a machine with no CUDA device runs ``cpu``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import fnmatch
 import json
 import os
@@ -19,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import grpo
+from benchmarks import grpo, machine
 from benchmarks import profile as profiles
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,7 +57,7 @@ def print_environment() -> None:
 def run_rewards(profile: profiles.Profile, quick: bool, out: Path) -> Path:
     """The reward benchmarks under pytest-benchmark; returns the result file written."""
     settings = profile.rewards
-    target = out / profile.hardware / f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}-rewards.json"
+    target = out / profile.hardware / f"{machine.stamp()}-rewards.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         partial = Path(scratch) / "rewards.json"

@@ -63,9 +63,10 @@ def fingerprint() -> dict[str, Any]:
     }
 
 
-def versions() -> dict[str, str]:
-    found = {}
-    for package in PACKAGES:
+def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    """Installed versions of ``packages`` (those not installed are left out), and Python's."""
+    found = {"python": platform.python_version()}
+    for package in packages:
         try:
             found[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:

