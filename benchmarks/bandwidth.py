@@ -1,0 +1,106 @@
+"""Memory bandwidth: the device's own measured ceiling, and the bytes one decode step moves.
+
+Decode is bandwidth-bound: each step streams every weight once and reads the whole KV cache
+of every sequence in the batch. The probe measures what this device sustains (copy, read
+and triad, with every byte read and every byte written counted once); the byte model says
+what a decode step must move, so that achieved GB/s = bytes per step x steps / decode time
+can be set against the ceiling, the spec, and DGX Spark's 180-192 GB/s budget.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.shapes import Shape
+
+# Arrays of the kernel's size each pass touches: copy c = a (read a, write c), read sum(a),
+# triad c = a + s * b (read a and b, write c).
+ARRAYS_TOUCHED = {"copy": 2, "read": 1, "triad": 3}
+
+
+def probe(device: str = "cpu", array_bytes: int = 1 << 30, repeats: int = 10) -> dict[str, Any]:
+    """Median and spread of copy/read/triad GB/s on ``device`` (torch; on CPU with all its threads).
+
+    Arrays of ``array_bytes`` each: far past any cache (this machine reports a 300 MiB L3).
+    """
+    import torch
+
+    count = array_bytes // 4
+    a = torch.rand(count, device=device)
+    b = torch.rand(count, device=device)
+    c = torch.empty_like(a)
+    kernels = {
+        "copy": lambda: c.copy_(a),
+        "read": lambda: a.sum(),
+        "triad": lambda: torch.add(a, b, alpha=2.0, out=c),
+    }
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    results: dict[str, Any] = {"device": device, "array_bytes": array_bytes, "repeats": repeats}
+    if device == "cpu":
+        results["threads"] = torch.get_num_threads()
+    for name, kernel in kernels.items():
+        kernel()  # first touch and warm-up
+        sync()
+        rates = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            kernel()
+            sync()
+            rates.append(ARRAYS_TOUCHED[name] * array_bytes / (time.perf_counter() - started) / 1e9)
+        results[name] = {
+            "median_gb_s": statistics.median(rates),
+            "min_gb_s": min(rates),
+            "max_gb_s": max(rates),
+            "bytes_per_pass": ARRAYS_TOUCHED[name] * array_bytes,
+        }
+    return results
+
+
+@dataclass(frozen=True)
+class DecodeBytes:
+    """What one decode step of ``batch`` sequences at ``context`` tokens moves, in bytes."""
+
+    weights: int  # every weight read once (an input embedding is only looked up: B rows)
+    kv_read: int  # the whole KV cache of every sequence
+    kv_write: int  # one new K and V per layer per sequence
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_read + self.kv_write
+
+
+def kv_bytes_per_token(shape: Shape, dtype_bytes: float) -> float:
+    return 2 * shape.num_hidden_layers * shape.num_key_value_heads * shape.head_dim * dtype_bytes
+
+
+def decode_step_bytes(shape: Shape, dtype_bytes: float, batch: int, context: int) -> DecodeBytes:
+    """The bytes of one decode step: weights in ``dtype_bytes`` per parameter (0.516 for NF4
+    with double quantization), KV cache in ``dtype_bytes`` per element."""
+    streamed = shape.param_count()
+    if not shape.tie_word_embeddings:  # the untied input table is looked up, not streamed
+        streamed -= shape.vocab_size * shape.hidden_size
+    per_token = kv_bytes_per_token(shape, dtype_bytes)
+    return DecodeBytes(
+        weights=round(streamed * dtype_bytes),
+        kv_read=round(batch * context * per_token),
+        kv_write=round(batch * per_token),
+    )
+
+
+def rollout_seconds(
+    shape: Shape, dtype_bytes: float, sequences: int, prompt_tokens: int, completion_tokens: int, gb_per_s: float
+) -> float:
+    """Decode time of one GRPO rollout (``sequences`` = prompts x num_generations, decoded
+    together) if every step ran at ``gb_per_s``: bandwidth-bound decode only, prefill apart.
+    Step ``s`` reads a cache of ``prompt_tokens + s`` tokens per sequence."""
+    first = decode_step_bytes(shape, dtype_bytes, sequences, prompt_tokens)
+    steps = completion_tokens
+    growing_cache = sequences * kv_bytes_per_token(shape, dtype_bytes) * steps * (steps - 1) / 2
+    return (steps * first.total + growing_cache) / (gb_per_s * 1e9)

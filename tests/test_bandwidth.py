@@ -1,0 +1,41 @@
+"""The bandwidth probe, and the bytes a decode step moves."""
+
+import pytest
+
+from benchmarks.bandwidth import decode_step_bytes, kv_bytes_per_token, probe, rollout_seconds
+from benchmarks.profile import load_shapes
+
+
+def test_the_probe_reports_median_and_spread_per_kernel_with_bytes_counted():
+    torch = pytest.importorskip("torch")
+    del torch
+    result = probe(array_bytes=64 << 20, repeats=3)
+    for kernel, arrays in (("copy", 2), ("read", 1), ("triad", 3)):
+        rates = result[kernel]
+        assert 0 < rates["min_gb_s"] <= rates["median_gb_s"] <= rates["max_gb_s"]
+        assert rates["bytes_per_pass"] == arrays * (64 << 20)  # every byte read and written, once
+
+
+def test_a_decode_step_streams_every_weight_and_the_whole_cache():
+    shape = load_shapes()["0.5b"]
+    step = decode_step_bytes(shape, dtype_bytes=4, batch=8, context=1000)
+    assert step.weights == shape.param_count() * 4  # tied: the table is the LM head, read in full
+    assert kv_bytes_per_token(shape, 4) == 2 * 24 * 2 * 64 * 4  # K and V, per layer, per KV head
+    assert step.kv_read == 8 * 1000 * 24576 and step.kv_write == 8 * 24576
+    assert step.total == step.weights + step.kv_read + step.kv_write
+
+
+def test_an_untied_input_embedding_is_looked_up_not_streamed():
+    shape = load_shapes()["7b"]
+    step = decode_step_bytes(shape, dtype_bytes=2, batch=1, context=0)
+    assert step.weights == (shape.param_count() - shape.vocab_size * shape.hidden_size) * 2
+
+
+def test_rollout_time_sums_every_step_at_its_own_cache_length():
+    shape = load_shapes()["3b"]
+    by_step = sum(decode_step_bytes(shape, 2, 16, 128 + s).total for s in range(300))
+    assert rollout_seconds(shape, 2, 16, 128, 300, gb_per_s=180) == pytest.approx(by_step / 180e9)
+    # bandwidth-bound: twice the bandwidth, half the time
+    assert rollout_seconds(shape, 2, 16, 128, 300, 360) == pytest.approx(
+        rollout_seconds(shape, 2, 16, 128, 300, 180) / 2
+    )
