@@ -104,3 +104,101 @@ def rollout_seconds(
     steps = completion_tokens
     growing_cache = sequences * kv_bytes_per_token(shape, dtype_bytes) * steps * (steps - 1) / 2
     return (steps * first.total + growing_cache) / (gb_per_s * 1e9)
+
+
+def projections(profile: Any, ceiling_gb_s: float) -> list[dict[str, Any]]:
+    """Rollout seconds of one GRPO step per size class x hardware class x bandwidth basis:
+    this run's measured ceiling for the profile's own hardware, every class's spec, and a
+    sustained budget where one is known (DGX Spark: 180 and 192 GB/s)."""
+    from benchmarks.profile import load_hardware, load_shapes
+
+    settings = profile.decode
+    sequences = settings.rollout_prompts * settings.rollout_num_generations
+    rows = []
+    for hardware_name, hardware in load_hardware().items():
+        bases = []
+        if hardware_name == profile.hardware:
+            bases.append(("measured read ceiling (this run)", ceiling_gb_s))
+        if hardware.spec_bandwidth_gb_s:
+            bases.append(("spec", hardware.spec_bandwidth_gb_s))
+        for budget in hardware.sustained_bandwidth_gb_s or ():
+            bases.append((f"sustained budget {budget:g}", budget))
+        for shape_name in settings.projection_shapes:
+            shape = load_shapes()[shape_name]
+            for basis, gb_per_s in bases:
+                seconds = rollout_seconds(
+                    shape,
+                    settings.projection_dtype_bytes,
+                    sequences,
+                    settings.rollout_prompt_tokens,
+                    settings.rollout_completion_tokens,
+                    gb_per_s,
+                )
+                rows.append(
+                    {
+                        "hardware": hardware_name,
+                        "shape": shape_name,
+                        "basis": basis,
+                        "gb_per_s": gb_per_s,
+                        "rollout_s": seconds,
+                        "weights_gib": shape.param_count() * settings.projection_dtype_bytes / 2**30,
+                        "predicted": True,
+                    }
+                )
+    return rows
+
+
+def run_decode(profile: Any, quick: bool, out: Any) -> Any:
+    """The decode part: the device's ceiling, then the rollout projections; returns the file."""
+    import torch
+
+    from benchmarks import machine
+
+    settings = profile.decode
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(
+        f"probing {device} memory bandwidth ({settings.probe_array_mib} MiB arrays, {settings.probe_repeats} repeats)"
+    )
+    ceiling = probe(device, settings.probe_array_mib << 20, settings.probe_repeats)
+    path = out / profile.hardware / f"{machine.stamp()}-decode.json"
+    result = {
+        "schema_version": 1,
+        "kind": "decode",
+        "started": machine.now(),
+        "quick": quick,
+        "machine": machine.fingerprint(),
+        "versions": machine.versions(),
+        "commit": machine.commit(),
+        "profile": profile.as_dict(),
+        "ceiling": ceiling,
+        "projection_rollout": {
+            "sequences": settings.rollout_prompts * settings.rollout_num_generations,
+            "prompt_tokens": settings.rollout_prompt_tokens,
+            "completion_tokens": settings.rollout_completion_tokens,
+            "dtype_bytes": settings.projection_dtype_bytes,
+            "what": "bandwidth-bound decode only (every weight and the whole KV cache read per step); prefill apart",
+        },
+        "projections": projections(profile, ceiling["read"]["median_gb_s"]),
+    }
+    machine.write_atomically(path, result)
+    return path
+
+
+def print_decode_summary(path: Any) -> None:
+    import json
+
+    data = json.loads(path.read_text())
+    for kernel in ARRAYS_TOUCHED:
+        rates = data["ceiling"][kernel]
+        print(f"{kernel:6} {rates['median_gb_s']:8.1f} GB/s (min {rates['min_gb_s']:.1f}, max {rates['max_gb_s']:.1f})")
+    rollout = data["projection_rollout"]
+    print(
+        f"\npredicted rollout seconds per GRPO step ({rollout['sequences']} sequences x "
+        f"{rollout['completion_tokens']} tokens after {rollout['prompt_tokens']}-token prompts, decode only)"
+    )
+    spark = [r for r in data["projections"] if r["hardware"] == "spark"]
+    bases = list(dict.fromkeys(r["basis"] for r in spark))
+    print(f"{'DGX Spark':10} " + " ".join(f"{b:>22}" for b in bases))
+    for shape in dict.fromkeys(r["shape"] for r in spark):
+        cells = {r["basis"]: r["rollout_s"] for r in spark if r["shape"] == shape}
+        print(f"{shape:10} " + " ".join(f"{cells[b]:22.1f}" for b in bases))

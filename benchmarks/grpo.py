@@ -46,13 +46,6 @@ VLLM_CPU_ENV = {
 }
 
 
-def write_atomically(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".partial", delete=False) as f:
-        json.dump(data, f, indent=1)
-    os.replace(f.name, path)
-
-
 def nvml_devices() -> list:
     """NVML handles of the visible GPUs; none without the library or a driver."""
     if pynvml is None:
@@ -284,10 +277,10 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = ())
             }
             result["configurations"].append(record)
             result["finished"] = machine.now()
-            write_atomically(path, result)
+            machine.write_atomically(path, result)
             print(_one_line(record), flush=True)
     result["targets"] = targets(result["configurations"], time.monotonic() - started, quick)
-    write_atomically(path, result)
+    machine.write_atomically(path, result)
     return path
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +89,10 @@ def now() -> str:
 
 def stamp() -> str:
     return f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}"
+
+
+def write_atomically(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".partial", delete=False) as f:
+        json.dump(data, f, indent=1)
+    os.replace(f.name, path)

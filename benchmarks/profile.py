@@ -84,12 +84,26 @@ class GrpoBench:
 
 
 @dataclass(frozen=True)
+class DecodeBench:
+    probe_array_mib: int  # per array: far past the last-level cache
+    probe_repeats: int
+    # One GRPO step's rollout, for the projections: prompts x num_generations sequences.
+    rollout_prompts: int
+    rollout_num_generations: int
+    rollout_prompt_tokens: int
+    rollout_completion_tokens: int
+    projection_dtype_bytes: float  # weights and KV cache: 2 for bf16
+    projection_shapes: tuple[str, ...]  # size classes to project
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     question: str
     hardware: str
     parts: tuple[str, ...]
     rewards: RewardsBench
+    decode: DecodeBench
     grpo: GrpoBench | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -97,7 +111,7 @@ class Profile:
 
 
 FORMATS = ("str", "conversational")
-PARTS = ("rewards", "grpo")
+PARTS = ("rewards", "decode", "grpo")
 DTYPES = ("float32", "bfloat16", "float16")
 MODELS = ("full", "lora", "qlora")
 
@@ -200,6 +214,9 @@ def _check(profile: Profile, file: str) -> None:
         raise ProfileError(f"{file}: hardware: {profile.hardware!r} is not in profiles/hardware.toml")
     if profile.grpo is not None:
         _check_grpo(profile.grpo, file)
+    for i, name in enumerate(profile.decode.projection_shapes):
+        if name not in load_shapes():
+            raise ProfileError(f"{file}: decode.projection_shapes[{i}]: {name!r} is not in profiles/shapes.toml")
     if "grpo" in profile.parts and profile.grpo is None:
         raise ProfileError(f"{file}: parts lists grpo but there is no [grpo] table")
     for i, fmt in enumerate(profile.rewards.formats):

@@ -39,3 +39,19 @@ def test_rollout_time_sums_every_step_at_its_own_cache_length():
     assert rollout_seconds(shape, 2, 16, 128, 300, 360) == pytest.approx(
         rollout_seconds(shape, 2, 16, 128, 300, 180) / 2
     )
+
+
+def test_projections_cover_every_class_with_spark_at_both_ends_of_its_budget():
+    from benchmarks import profile as profiles
+    from benchmarks.bandwidth import projections
+
+    profile = profiles.load("cpu")
+    rows = projections(profile, ceiling_gb_s=20.0)
+    spark = {(r["shape"], r["basis"]) for r in rows if r["hardware"] == "spark"}
+    for shape in profile.decode.projection_shapes:
+        assert {(shape, "sustained budget 180"), (shape, "sustained budget 192"), (shape, "spec")} <= spark
+    measured = [r for r in rows if r["basis"].startswith("measured")]
+    assert measured and {r["hardware"] for r in measured} == {"cpu"} and all(r["gb_per_s"] == 20.0 for r in measured)
+    assert all(r["predicted"] for r in rows)  # projections, never measurements
+    at_180 = {r["shape"]: r["rollout_s"] for r in rows if r["hardware"] == "spark" and r["basis"].endswith("180")}
+    assert at_180["0.5b"] < at_180["7b"] < at_180["72b"]
