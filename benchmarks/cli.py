@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import bandwidth, grpo, machine
+from benchmarks import decode, grpo, machine
 from benchmarks import profile as profiles
 
 REPO = Path(__file__).resolve().parent.parent
@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             path = run_rewards(profile, args.quick, args.out)
             print_rewards_summary(path)
         elif part == "decode":
-            path = bandwidth.run_decode(profile, args.quick, args.out)
-            bandwidth.print_decode_summary(path)
+            path = decode.run_decode(profile, args.quick, args.out)
+            decode.print_decode_summary(path)
         else:
             path = grpo.run_grpo(profile, args.quick, args.out, configuration_filter)
             grpo.print_summary(path)

@@ -87,6 +87,15 @@ class GrpoBench:
 class DecodeBench:
     probe_array_mib: int  # per array: far past the last-level cache
     probe_repeats: int
+    # The sweep: shape x engine x batch x context, exactly new_tokens decoded per sequence.
+    shape: str
+    dtype: str
+    engines: tuple[str, ...]  # transformers (generate) and vllm
+    batches: tuple[int, ...]
+    contexts: tuple[int, ...]
+    new_tokens: int
+    repeats: int
+    max_prefill_tokens: int  # a point whose batch x context passes this is skipped as too slow here
     # One GRPO step's rollout, for the projections: prompts x num_generations sequences.
     rollout_prompts: int
     rollout_num_generations: int
@@ -214,6 +223,11 @@ def _check(profile: Profile, file: str) -> None:
         raise ProfileError(f"{file}: hardware: {profile.hardware!r} is not in profiles/hardware.toml")
     if profile.grpo is not None:
         _check_grpo(profile.grpo, file)
+    if profile.decode.shape not in load_shapes():
+        raise ProfileError(f"{file}: decode.shape: {profile.decode.shape!r} is not in profiles/shapes.toml")
+    for i, engine in enumerate(profile.decode.engines):
+        if engine not in ("transformers", "vllm"):
+            raise ProfileError(f"{file}: decode.engines[{i}]: {engine!r} is not transformers or vllm")
     for i, name in enumerate(profile.decode.projection_shapes):
         if name not in load_shapes():
             raise ProfileError(f"{file}: decode.projection_shapes[{i}]: {name!r} is not in profiles/shapes.toml")

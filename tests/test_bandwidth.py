@@ -55,3 +55,30 @@ def test_projections_cover_every_class_with_spark_at_both_ends_of_its_budget():
     assert all(r["predicted"] for r in rows)  # projections, never measurements
     at_180 = {r["shape"]: r["rollout_s"] for r in rows if r["hardware"] == "spark" and r["basis"].endswith("180")}
     assert at_180["0.5b"] < at_180["7b"] < at_180["72b"]
+
+
+def test_weight_bound_decode_never_beats_the_measured_ceiling(capsys):
+    """Batch 1, short context: nearly all bytes are weights. Achieved GB/s above the probe's
+    best would mean the byte count is wrong (a weight counted twice, a wrong dtype size)."""
+    import dataclasses
+    import json
+
+    pytest.importorskip("transformers")
+    from benchmarks import decode
+    from benchmarks.shapes import materialise
+
+    shape = load_shapes()["0.5b"]  # 1.98 GB of fp32 weights: far past this machine's 300 MiB L3
+    job = {
+        "engine": "transformers",
+        "model_dir": str(materialise(shape, "float32")),
+        "shape": dataclasses.asdict(shape),
+        "dtype": "float32",
+        "points": [[1, 16]],
+        "new_tokens": 4,
+        "repeats": 2,
+    }
+    ceiling = probe(array_bytes=1 << 30, repeats=5)["read"]
+    decode.measure(job, shape, decode.transformers_engine(job))
+    row = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert row["bytes_per_step"] == pytest.approx(shape.param_count() * 4, rel=0.01)  # weight-dominated
+    assert 0 < row["achieved_gb_s"] <= ceiling["max_gb_s"]

@@ -1,0 +1,269 @@
+"""Decode speed and achieved bandwidth, one engine per process: ``python -m benchmarks.decode``.
+
+A job on stdin names the engine (``transformers`` or ``vllm``), the model directory, its
+shape, dtype, and the points (batch x context) to decode; the worker prints one JSON line
+per point. Prefill is timed apart: time to first token is a one-token generation, and the
+decode time is the full generation minus it. Every completion is exactly ``new_tokens``
+long (EOS ignored). Achieved GB/s is the bytes those steps must move (``bandwidth.py``:
+every weight once per step, the whole KV cache of every sequence, the new K and V) over the
+decode time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.bandwidth import ARRAYS_TOUCHED, decode_step_bytes, probe, projections
+from benchmarks.shapes import Shape
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def step_bytes(shape: Shape, dtype: str, batch: int, context: int, new_tokens: int) -> float:
+    """Mean bytes per decode step over ``new_tokens`` steps after a ``context``-token prompt."""
+    total = sum(decode_step_bytes(shape, DTYPE_BYTES[dtype], batch, context + s).total for s in range(new_tokens))
+    return total / new_tokens
+
+
+def transformers_engine(job: dict) -> Callable[[list[list[int]], int], None]:
+    """Greedy ``generate`` of exactly ``tokens`` new tokens for a batch of prompts."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=getattr(torch, job["dtype"])).to(device)
+    model.eval()
+
+    def generate(prompts: list[list[int]], tokens: int) -> None:
+        ids = torch.tensor(prompts, device=device)
+        with torch.inference_mode():
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    return generate
+
+
+def vllm_engine(job: dict) -> Callable[[list[list[int]], int], None]:
+    """vLLM ``LLM.generate`` on token ids, in this process, in the job's dtype, eager."""
+    from vllm import LLM, SamplingParams
+
+    longest = max(context for _, context in job["points"]) + job["new_tokens"] + 8
+    llm = LLM(
+        model=job["model_dir"],
+        dtype=job["dtype"],
+        max_model_len=longest,
+        enforce_eager=True,
+        gpu_memory_utilization=job.get("gpu_memory_utilization", 0.5),
+        skip_tokenizer_init=True,
+    )
+
+    def generate(prompts: list[list[int]], tokens: int) -> None:
+        params = SamplingParams(
+            max_tokens=tokens, min_tokens=tokens, ignore_eos=True, temperature=0.0, detokenize=False
+        )
+        llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+    return generate
+
+
+ENGINES = {"transformers": transformers_engine, "vllm": vllm_engine}
+
+
+def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], None]) -> None:
+    new_tokens, repeats = job["new_tokens"], job["repeats"]
+    for batch, context in job["points"]:
+        prompts = [[3 + (i * 7 + j) % (shape.vocab_size - 3) for j in range(context)] for i in range(batch)]
+        generate(prompts, 2)  # warm-up at this size
+        ttft, full = [], []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            generate(prompts, 1)
+            ttft.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            generate(prompts, new_tokens + 1)
+            full.append(time.perf_counter() - started)
+        decode_s = max(statistics.median(full) - statistics.median(ttft), 1e-9)
+        per_step = step_bytes(shape, job["dtype"], batch, context, new_tokens)
+        print(
+            json.dumps(
+                {
+                    "engine": job["engine"],
+                    "batch": batch,
+                    "context": context,
+                    "new_tokens": new_tokens,
+                    "ttft_s": statistics.median(ttft),
+                    "decode_s": decode_s,
+                    "decode_tokens_per_s": batch * new_tokens / decode_s,
+                    "bytes_per_step": per_step,
+                    "achieved_gb_s": per_step * new_tokens / decode_s / 1e9,
+                    "repeats": repeats,
+                }
+            ),
+            flush=True,
+        )
+
+
+def run_sweep(profile: Any, model_dir: str, shape: Shape, ceiling: dict, spec_gb_s: float | None) -> list[dict]:
+    """Every engine x point of the profile's sweep, one worker process per engine."""
+    import dataclasses
+    import subprocess
+
+    from benchmarks.grpo import VLLM_CPU_ENV
+
+    settings = profile.decode
+    points = [(b, c) for b in settings.batches for c in settings.contexts if b * c <= settings.max_prefill_tokens]
+    rows: list[dict] = [
+        {
+            "engine": engine,
+            "batch": b,
+            "context": c,
+            "status": "skipped",
+            "reason": f"prefill of {b * c} tokens: past max_prefill_tokens ({settings.max_prefill_tokens}) here",
+        }
+        for engine in settings.engines
+        for b in settings.batches
+        for c in settings.contexts
+        if b * c > settings.max_prefill_tokens
+    ]
+    for engine in settings.engines:
+        if engine == "vllm":
+            try:
+                import vllm  # noqa: F401
+            except ImportError as error:
+                rows += [
+                    {
+                        "engine": engine,
+                        "batch": b,
+                        "context": c,
+                        "status": "skipped",
+                        "reason": f"vLLM is not installed ({error})",
+                    }
+                    for b, c in points
+                ]
+                continue
+        job = {
+            "engine": engine,
+            "model_dir": model_dir,
+            "shape": dataclasses.asdict(shape),
+            "dtype": settings.dtype,
+            "points": points,
+            "new_tokens": settings.new_tokens,
+            "repeats": settings.repeats,
+        }
+        print(f"decoding with {engine}: {len(points)} points ...", flush=True)
+        env = {**os.environ, **VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": "4"}
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.decode"], input=json.dumps(job), capture_output=True, text=True, env=env
+        )
+        measured = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        for row in measured:
+            row.update(
+                status="ok",
+                efficiency_vs_ceiling=row["achieved_gb_s"] / ceiling["read"]["median_gb_s"],
+                within_ceiling=row["achieved_gb_s"] <= ceiling["read"]["max_gb_s"],
+                efficiency_vs_spec=row["achieved_gb_s"] / spec_gb_s if spec_gb_s else None,
+            )
+        rows += measured
+        if done.returncode != 0:
+            rows.append({"engine": engine, "status": "error", "reason": done.stderr[-2000:]})
+    return rows
+
+
+def run_decode(profile: Any, quick: bool, out: Any) -> Any:
+    """The decode part: the device's ceiling, the decode sweep, then the rollout projections;
+    returns the result file."""
+    import torch
+
+    from benchmarks import machine
+    from benchmarks.profile import load_hardware, load_shapes
+    from benchmarks.shapes import materialise
+
+    settings = profile.decode
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(
+        f"probing {device} memory bandwidth ({settings.probe_array_mib} MiB arrays, {settings.probe_repeats} repeats)"
+    )
+    ceiling = probe(device, settings.probe_array_mib << 20, settings.probe_repeats)
+    path = out / profile.hardware / f"{machine.stamp()}-decode.json"
+    result = {
+        "schema_version": 1,
+        "kind": "decode",
+        "started": machine.now(),
+        "quick": quick,
+        "machine": machine.fingerprint(),
+        "versions": machine.versions(),
+        "commit": machine.commit(),
+        "profile": profile.as_dict(),
+        "ceiling": ceiling,
+        "projection_rollout": {
+            "sequences": settings.rollout_prompts * settings.rollout_num_generations,
+            "prompt_tokens": settings.rollout_prompt_tokens,
+            "completion_tokens": settings.rollout_completion_tokens,
+            "dtype_bytes": settings.projection_dtype_bytes,
+            "what": "bandwidth-bound decode only (every weight and the whole KV cache read per step); prefill apart",
+        },
+        "projections": projections(profile, ceiling["read"]["median_gb_s"]),
+        "sweep": [],
+    }
+    machine.write_atomically(path, result)  # the ceiling is kept even if the sweep breaks
+    shape = load_shapes()[settings.shape]
+    model_dir = str(materialise(shape, settings.dtype))
+    spec = load_hardware()[profile.hardware].spec_bandwidth_gb_s
+    result["sweep"] = run_sweep(profile, model_dir, shape, ceiling, spec)
+    machine.write_atomically(path, result)
+    return path
+
+
+def print_decode_summary(path: Any) -> None:
+    data = json.loads(path.read_text())
+    for kernel in ARRAYS_TOUCHED:
+        rates = data["ceiling"][kernel]
+        print(f"{kernel:6} {rates['median_gb_s']:8.1f} GB/s (min {rates['min_gb_s']:.1f}, max {rates['max_gb_s']:.1f})")
+    print(
+        f"\n{'engine':13} {'batch':>5} {'context':>7} {'TTFT s':>8} {'decode tok/s':>12} {'GB/s':>7} {'of ceiling':>10}"
+    )
+    for row in data["sweep"]:
+        if row["status"] != "ok":
+            where = f"{row['engine']:13} {row.get('batch', ''):>5} {row.get('context', ''):>7}"
+            print(f"{where} {row['status']}: {row['reason'][:90]}")
+            continue
+        print(
+            f"{row['engine']:13} {row['batch']:>5} {row['context']:>7} {row['ttft_s']:8.2f} "
+            f"{row['decode_tokens_per_s']:12.1f} {row['achieved_gb_s']:7.2f} {row['efficiency_vs_ceiling']:10.0%}"
+        )
+    rollout = data["projection_rollout"]
+    print(
+        f"\npredicted rollout seconds per GRPO step ({rollout['sequences']} sequences x "
+        f"{rollout['completion_tokens']} tokens after {rollout['prompt_tokens']}-token prompts, decode only)"
+    )
+    spark = [r for r in data["projections"] if r["hardware"] == "spark"]
+    bases = list(dict.fromkeys(r["basis"] for r in spark))
+    print(f"{'DGX Spark':10} " + " ".join(f"{b:>22}" for b in bases))
+    for shape in dict.fromkeys(r["shape"] for r in spark):
+        cells = {r["basis"]: r["rollout_s"] for r in spark if r["shape"] == shape}
+        print(f"{shape:10} " + " ".join(f"{cells[b]:22.1f}" for b in bases))
+
+
+def main() -> None:
+    job = json.loads(sys.stdin.read())
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    shape = Shape(**job["shape"])
+    measure(job, shape, ENGINES[job["engine"]](job))
+
+
+if __name__ == "__main__":
+    main()
