@@ -63,6 +63,13 @@ def probe(device: str = "cpu", array_bytes: int = 1 << 30, repeats: int = 10) ->
     return results
 
 
+def ceiling(probed: dict[str, Any]) -> dict[str, Any]:
+    """The device's ceiling: the kernel with the highest median (on this CPU a GEMV streams
+    weights faster than a 2-thread ``sum`` reads), with that kernel's spread."""
+    kernel = max(ARRAYS_TOUCHED, key=lambda name: probed[name]["median_gb_s"])
+    return {"kernel": kernel, **probed[kernel]}
+
+
 @dataclass(frozen=True)
 class DecodeBytes:
     """What one decode step of ``batch`` sequences at ``context`` tokens moves, in bytes."""
@@ -118,7 +125,7 @@ def projections(profile: Any, ceiling_gb_s: float) -> list[dict[str, Any]]:
     for hardware_name, hardware in load_hardware().items():
         bases = []
         if hardware_name == profile.hardware:
-            bases.append(("measured read ceiling (this run)", ceiling_gb_s))
+            bases.append(("measured ceiling (this run)", ceiling_gb_s))
         if hardware.spec_bandwidth_gb_s:
             bases.append(("spec", hardware.spec_bandwidth_gb_s))
         for budget in hardware.sustained_bandwidth_gb_s or ():

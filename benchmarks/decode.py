@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks.bandwidth import ARRAYS_TOUCHED, decode_step_bytes, probe, projections
+from benchmarks.bandwidth import ceiling as ceiling_of
 from benchmarks.shapes import Shape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -125,6 +126,7 @@ def run_sweep(profile: Any, model_dir: str, shape: Shape, ceiling: dict, spec_gb
     from benchmarks.grpo import VLLM_CPU_ENV
 
     settings = profile.decode
+    best = ceiling_of(ceiling)
     points = [(b, c) for b in settings.batches for c in settings.contexts if b * c <= settings.max_prefill_tokens]
     rows: list[dict] = [
         {
@@ -173,8 +175,8 @@ def run_sweep(profile: Any, model_dir: str, shape: Shape, ceiling: dict, spec_gb
         for row in measured:
             row.update(
                 status="ok",
-                efficiency_vs_ceiling=row["achieved_gb_s"] / ceiling["read"]["median_gb_s"],
-                within_ceiling=row["achieved_gb_s"] <= ceiling["read"]["max_gb_s"],
+                efficiency_vs_ceiling=row["achieved_gb_s"] / best["median_gb_s"],
+                within_ceiling=row["achieved_gb_s"] <= best["max_gb_s"],  # the median plus the probe's spread
                 efficiency_vs_spec=row["achieved_gb_s"] / spec_gb_s if spec_gb_s else None,
             )
         rows += measured
@@ -216,7 +218,8 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
             "dtype_bytes": settings.projection_dtype_bytes,
             "what": "bandwidth-bound decode only (every weight and the whole KV cache read per step); prefill apart",
         },
-        "projections": projections(profile, ceiling["read"]["median_gb_s"]),
+        "device_ceiling": ceiling_of(ceiling),
+        "projections": projections(profile, ceiling_of(ceiling)["median_gb_s"]),
         "sweep": [],
     }
     machine.write_atomically(path, result)  # the ceiling is kept even if the sweep breaks
