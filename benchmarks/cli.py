@@ -1,6 +1,7 @@
 """``python -m benchmarks bench``: run a profile's parts and write one result file per part.
 
     python -m benchmarks bench [--profile NAME] [--quick] [--only PATTERN] [--out DIR]
+    python -m benchmarks report FILE...   # a decode result's table and figure, made again
 
 With no ``--profile``, a machine with no CUDA device runs ``cpu``.
 """
@@ -18,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import decode, grpo, machine
+from benchmarks import decode, grpo, machine, report
 from benchmarks import profile as profiles
 
 REPO = Path(__file__).resolve().parent.parent
@@ -111,7 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         "(several: PATTERN,PATTERN)",
     )
     bench.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: results/runs)")
+    remake = commands.add_parser("report", help="(re)make the table and figure of decode result files")
+    remake.add_argument("files", nargs="+", type=Path, metavar="FILE")
     args = parser.parse_args(argv)
+    if args.command == "report":
+        for path in args.files:
+            for made in report.write_decode_report(path):
+                print(f"made {made}")
+        return 0
 
     print_environment()
     try:
@@ -140,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         elif part == "decode":
             path = decode.run_decode(profile, args.quick, args.out)
             decode.print_decode_summary(path)
+            for made in report.write_decode_report(path):
+                print(f"made {made.relative_to(REPO) if made.is_relative_to(REPO) else made}")
         else:
             path = grpo.run_grpo(profile, args.quick, args.out, configuration_filter)
             grpo.print_summary(path)

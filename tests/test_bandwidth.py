@@ -83,3 +83,49 @@ def test_weight_bound_decode_never_beats_the_measured_ceiling(capsys):
     row = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert row["bytes_per_step"] == pytest.approx(shape.param_count() * 4, rel=0.01)  # weight-dominated
     assert 0 < row["achieved_gb_s"] <= best["max_gb_s"]  # the ceiling's median plus its spread
+
+
+def test_the_decode_report_follows_its_result_file(tmp_path):
+    pytest.importorskip("matplotlib")
+    import json
+
+    from benchmarks import profile as profiles
+    from benchmarks.bandwidth import projections
+    from benchmarks.report import write_decode_report
+
+    best = {"kernel": "triad", "median_gb_s": 20.0, "min_gb_s": 19.0, "max_gb_s": 21.0}
+    row = {
+        "engine": "vllm",
+        "batch": 1,
+        "context": 128,
+        "status": "ok",
+        "ttft_s": 0.5,
+        "decode_tokens_per_s": 11.0,
+        "achieved_gb_s": 18.0,
+        "efficiency_vs_ceiling": 0.9,
+    }
+    skipped = {"engine": "vllm", "batch": 8, "context": 4096, "status": "skipped", "reason": "too slow here"}
+    profile = profiles.load("cpu")
+    result = {
+        "machine": {"cpu": "a CPU", "cores": 2},
+        "commit": {"id": "abcdef1234", "dirty": False},
+        "started": "now",
+        "profile": profile.as_dict(),
+        "device_ceiling": best,
+        "sweep": [row, skipped],
+        "projection_rollout": {
+            "sequences": 64,
+            "prompt_tokens": 256,
+            "completion_tokens": 1024,
+            "dtype_bytes": 2,
+            "what": "decode only",
+        },
+        "projections": projections(profile, 20.0),
+    }
+    path = tmp_path / "run-decode.json"
+    path.write_text(json.dumps(result))
+    table, image = write_decode_report(path)
+    text = table.read_text()
+    assert "| vllm | 1 | 128 | 0.50 | 11.0 | 18.00 | 90% |" in text and "skipped: too slow here" in text
+    assert "sustained budget 180" in text and "sustained budget 192" in text and "| 72b |" in text
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
