@@ -116,10 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     remake.add_argument("files", nargs="+", type=Path, metavar="FILE")
     args = parser.parse_args(argv)
     if args.command == "report":
+        failed = 0
         for path in args.files:
-            for made in report.write_decode_report(path):
-                print(f"made {made}")
-        return 0
+            try:
+                for made in report.write_decode_report(path):
+                    print(f"made {made}")
+            except (OSError, ValueError) as error:  # say which file, and go on with the others
+                print(f"error: {error}", file=sys.stderr)
+                failed += 1
+        return 1 if failed else 0
 
     print_environment()
     try:

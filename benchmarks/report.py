@@ -84,6 +84,9 @@ def decode_figure(data: dict[str, Any], path: Path) -> None:
 def write_decode_report(result_path: Path) -> tuple[Path, Path]:
     """The table (markdown) and the figure (PNG) beside a decode result file."""
     data = json.loads(result_path.read_text())
+    for key in ("kind", "device_ceiling", "sweep", "projections", "projection_rollout"):
+        if key not in data:
+            raise ValueError(f"{result_path}: missing key {key!r}: not a decode result with a sweep")
     table, image = result_path.with_suffix(".md"), result_path.with_suffix(".png")
     table.write_text(decode_table(data))
     decode_figure(data, image)

@@ -107,6 +107,7 @@ def test_the_decode_report_follows_its_result_file(tmp_path):
     skipped = {"engine": "vllm", "batch": 8, "context": 4096, "status": "skipped", "reason": "too slow here"}
     profile = profiles.load("cpu")
     result = {
+        "kind": "decode",
         "machine": {"cpu": "a CPU", "cores": 2},
         "commit": {"id": "abcdef1234", "dirty": False},
         "started": "now",
@@ -129,3 +130,12 @@ def test_the_decode_report_follows_its_result_file(tmp_path):
     assert "| vllm | 1 | 128 | 0.50 | 11.0 | 18.00 | 90% |" in text and "skipped: too slow here" in text
     assert "sustained budget 180" in text and "sustained budget 192" in text and "| 72b |" in text
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_file_that_is_not_a_decode_result_is_named_in_the_error(tmp_path):
+    from benchmarks.report import write_decode_report
+
+    path = tmp_path / "old-decode.json"
+    path.write_text('{"kind": "decode", "ceiling": {}}')
+    with pytest.raises(ValueError, match=r"old-decode.json: missing key 'device_ceiling'"):
+        write_decode_report(path)
