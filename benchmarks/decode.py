@@ -99,6 +99,7 @@ def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], 
             full.append(time.perf_counter() - started)
         decode_s = max(statistics.median(full) - statistics.median(ttft), 1e-9)
         per_step = step_bytes(shape, job["dtype"], batch, context, new_tokens)
+        midway = decode_step_bytes(shape, DTYPE_BYTES[job["dtype"]], batch, context + new_tokens // 2)
         print(
             json.dumps(
                 {
@@ -110,6 +111,12 @@ def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], 
                     "decode_s": decode_s,
                     "decode_tokens_per_s": batch * new_tokens / decode_s,
                     "bytes_per_step": per_step,
+                    "bytes_per_step_midway": {  # the split, at the middle step
+                        "weights": midway.weights,
+                        "kv_read": midway.kv_read,
+                        "kv_write": midway.kv_write,
+                        "dtype": job["dtype"],
+                    },
                     "achieved_gb_s": per_step * new_tokens / decode_s / 1e9,
                     "repeats": repeats,
                 }
