@@ -209,14 +209,7 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     ceiling = probe(device, settings.probe_array_mib << 20, settings.probe_repeats)
     path = out / profile.hardware / f"{machine.stamp()}-decode.json"
     result = {
-        "schema_version": 1,
-        "kind": "decode",
-        "started": machine.now(),
-        "quick": quick,
-        "machine": machine.fingerprint(),
-        "versions": machine.versions(),
-        "commit": machine.commit(),
-        "profile": profile.as_dict(),
+        **machine.result_header("decode", profile, quick),
         "ceiling": ceiling,
         "projection_rollout": {
             "sequences": settings.rollout_prompts * settings.rollout_num_generations,

@@ -33,7 +33,6 @@ from benchmarks import machine
 from benchmarks.profile import Profile, configurations, load_shapes
 from benchmarks.shapes import materialise
 
-SCHEMA_VERSION = 1
 SAMPLE_INTERVAL_S = 0.02
 CONFIGURATION_TIMEOUT_S = 1800
 GIB = 2**30
@@ -241,14 +240,7 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = ())
     budget = int(grpo.memory_budget_gib * GIB)
     path = out / profile.hardware / f"{machine.stamp()}-grpo.json"
     result: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "grpo",
-        "started": machine.now(),
-        "quick": quick,
-        "machine": machine.fingerprint(),
-        "versions": machine.versions(),
-        "commit": machine.commit(),
-        "profile": profile.as_dict(),
+        **machine.result_header("grpo", profile, quick),
         "shape": {"name": grpo.shape, **asdict(shape), "param_count": shape.param_count()},
         "configurations": [],
     }

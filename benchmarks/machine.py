@@ -96,3 +96,17 @@ def write_atomically(path: Path, data: dict) -> None:
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".partial", delete=False) as f:
         json.dump(data, f, indent=1)
     os.replace(f.name, path)
+
+
+def result_header(kind: str, profile: Any, quick: bool) -> dict[str, Any]:
+    """What every result file opens with: kind and schema, when, where, with what, from which commit."""
+    return {
+        "schema_version": 1,
+        "kind": kind,
+        "started": now(),
+        "quick": quick,
+        "machine": fingerprint(),
+        "versions": versions(),
+        "commit": commit(),
+        "profile": profile.as_dict(),
+    }
