@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.profile import load_hardware, load_shapes
 from benchmarks.shapes import Shape
 
 # Arrays of the kernel's size each pass touches: copy c = a (read a, write c), read sum(a),
@@ -117,8 +118,6 @@ def projections(profile: Any, ceiling_gb_s: float) -> list[dict[str, Any]]:
     """Rollout seconds of one GRPO step per size class x hardware class x bandwidth basis:
     this run's measured ceiling for the profile's own hardware, every class's spec, and a
     sustained budget where one is known (DGX Spark: 180 and 192 GB/s)."""
-    from benchmarks.profile import load_hardware, load_shapes
-
     settings = profile.decode
     sequences = settings.rollout_prompts * settings.rollout_num_generations
     rows = []

@@ -25,8 +25,6 @@ import rewards
 from benchmarks import reward_inputs, seed_rewards
 from rewards.sandbox import Bubblewrap, default_sandbox
 
-IMPLEMENTATIONS = ("grpo-bench", "seed", "trl")
-
 
 class StubJudge:
     """Passes a response whose tail holds the gold answer; no model behind it."""

@@ -11,17 +11,24 @@ decode time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from benchmarks import machine
 from benchmarks.bandwidth import ARRAYS_TOUCHED, decode_step_bytes, probe, projections
 from benchmarks.bandwidth import ceiling as ceiling_of
-from benchmarks.shapes import Shape
+from benchmarks.grpo import VLLM_CPU_ENV
+from benchmarks.profile import load_hardware, load_shapes
+from benchmarks.report import decode_table
+from benchmarks.shapes import Shape, materialise
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -127,11 +134,6 @@ def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], 
 
 def run_sweep(profile: Any, model_dir: str, shape: Shape, ceiling: dict, spec_gb_s: float | None) -> list[dict]:
     """Every engine x point of the profile's sweep, one worker process per engine."""
-    import dataclasses
-    import subprocess
-
-    from benchmarks.grpo import VLLM_CPU_ENV
-
     settings = profile.decode
     best = ceiling_of(ceiling)
     points = [(b, c) for b in settings.batches for c in settings.contexts if b * c <= settings.max_prefill_tokens]
@@ -197,10 +199,6 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     returns the result file."""
     import torch
 
-    from benchmarks import machine
-    from benchmarks.profile import load_hardware, load_shapes
-    from benchmarks.shapes import materialise
-
     settings = profile.decode
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(
@@ -231,34 +229,14 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     return path
 
 
-def print_decode_summary(path: Any) -> None:
+def print_decode_summary(path: Path) -> None:
+    """Every kernel of the probe, then the run's table (the same one written beside the file)."""
     data = json.loads(path.read_text())
     for kernel in ARRAYS_TOUCHED:
         rates = data["ceiling"][kernel]
         print(f"{kernel:6} {rates['median_gb_s']:8.1f} GB/s (min {rates['min_gb_s']:.1f}, max {rates['max_gb_s']:.1f})")
-    print(
-        f"\n{'engine':13} {'batch':>5} {'context':>7} {'TTFT s':>8} {'decode tok/s':>12} {'GB/s':>7} {'of ceiling':>10}"
-    )
-    for row in data["sweep"]:
-        if row["status"] != "ok":
-            where = f"{row['engine']:13} {row.get('batch', ''):>5} {row.get('context', ''):>7}"
-            print(f"{where} {row['status']}: {row['reason'][:90]}")
-            continue
-        print(
-            f"{row['engine']:13} {row['batch']:>5} {row['context']:>7} {row['ttft_s']:8.2f} "
-            f"{row['decode_tokens_per_s']:12.1f} {row['achieved_gb_s']:7.2f} {row['efficiency_vs_ceiling']:10.0%}"
-        )
-    rollout = data["projection_rollout"]
-    print(
-        f"\npredicted rollout seconds per GRPO step ({rollout['sequences']} sequences x "
-        f"{rollout['completion_tokens']} tokens after {rollout['prompt_tokens']}-token prompts, decode only)"
-    )
-    spark = [r for r in data["projections"] if r["hardware"] == "spark"]
-    bases = list(dict.fromkeys(r["basis"] for r in spark))
-    print(f"{'DGX Spark':10} " + " ".join(f"{b:>22}" for b in bases))
-    for shape in dict.fromkeys(r["shape"] for r in spark):
-        cells = {r["basis"]: r["rollout_s"] for r in spark if r["shape"] == shape}
-        print(f"{shape:10} " + " ".join(f"{cells[b]:22.1f}" for b in bases))
+    print()
+    print(decode_table(data))
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ except ImportError:  # nvidia-ml-py comes with the grpo extra; without it there 
     pynvml = None
 
 from benchmarks import machine
-from benchmarks.profile import Profile, configurations, load_shapes
+from benchmarks.profile import Profile, configurations, load_hardware, load_shapes
 from benchmarks.shapes import materialise
 
 SAMPLE_INTERVAL_S = 0.02
@@ -260,7 +260,7 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = ())
                 "warmup_steps": grpo.warmup_steps,
                 "measured_steps": grpo.measured_steps,
                 "prompt_words": grpo.prompt_words,
-                "memory_fraction": min(1.0, grpo.memory_budget_gib / profile_memory(profile)),
+                "memory_fraction": min(1.0, grpo.memory_budget_gib / load_hardware()[profile.hardware].memory_gib),
             }
             record = {
                 "name": name,
@@ -302,12 +302,6 @@ def targets(records: list[dict], wall_s: float, quick: bool) -> list[dict[str, A
             "met": None if spread is None else spread <= 0.02,
         },
     ]
-
-
-def profile_memory(profile: Profile) -> float:
-    from benchmarks.profile import load_hardware
-
-    return load_hardware()[profile.hardware].memory_gib
 
 
 def _one_line(record: dict) -> str:

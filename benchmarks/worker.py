@@ -35,8 +35,6 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-PHASES = ("rollout", "sleep_wake", "reward", "logprob", "scoring", "forward_backward", "optimizer")
-
 
 class Phases:
     """Exclusive wall time per phase, with every change reported to the parent."""
