@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import nox
 
@@ -17,13 +18,20 @@ PYPROJECT = nox.project.load_toml("pyproject.toml")
 BREAKS_TRANSFORMERS = ("torchvision", "torchaudio", "torchcodec")
 
 
-def _install(session: nox.Session, extras: str, *, torch: bool = False) -> None:
-    """Install the project with its extras; torch first (pinned) when the stack pulls it."""
+def _install(session: nox.Session, extras: str, *, torch: bool = False, also: tuple[str, ...] = ()) -> None:
+    """Install the project with its extras (and ``also``, a stack's own pins); torch first,
+    pinned, when the stack pulls it."""
+    pins: tuple[str, ...] = ()
     if torch:
         # Before anything that depends on torch, so that pip keeps this build (the CPU one
-        # on a CPU machine) instead of resolving a CUDA download.
-        session.install(*nox.project.dependency_groups(PYPROJECT, "torch"))
-    session.install("-e", f".[{extras}]")
+        # on a CPU machine) instead of resolving a CUDA download; then held by a constraint,
+        # since a stack that pins torch itself (unsloth) would otherwise replace it.
+        torch_pins = nox.project.dependency_groups(PYPROJECT, "torch")
+        session.install(*torch_pins)
+        constraints = Path(session.create_tmp()) / "torch-constraints.txt"
+        constraints.write_text("\n".join(torch_pins) + "\n")
+        pins = ("-c", str(constraints))
+    session.install("-e", f".[{extras}]", *also, *pins)
     if torch:
         session.run("python", "-m", "pip", "uninstall", "-y", "-q", *BREAKS_TRANSFORMERS, silent=True)
 
@@ -45,6 +53,52 @@ def bench(session: nox.Session) -> None:
     """Run a benchmark profile and write its result file (default profile: this hardware's)."""
     _install(session, f"bench,grpo,{_engine_extra()}", torch=True)
     session.run("python", "-m", "benchmarks", "bench", *session.posargs)
+
+
+# The context search's contenders (DESIGN.md, "Stacks that conflict"): each unmodified in
+# its own venv, sharing only this package's harness. TRL 1.16 is the `context` session's own.
+# Every stack gets the same transformers (Unsloth 2026.10.9's ceiling), so that only the loss differs.
+SAME_TRANSFORMERS = "transformers==5.17.0"
+CONTENDER_STACKS = {
+    "trl-1.14.2": ("trl==1.14.2", SAME_TRANSFORMERS),  # the last TRL that materialises (batch, seq, vocab) logits
+    "unsloth-2026.10.9": ("unsloth==2026.10.9", SAME_TRANSFORMERS),  # pins trl<=1.15, transformers<=5.17
+    "trl-1.16-liger": ("trl==1.16.*", "liger-kernel", SAME_TRANSFORMERS),  # Triton kernels: CUDA machines only
+}
+CUDA_ONLY = {"trl-1.16-liger"}
+
+
+def _contender_session(name: str, pins: tuple[str, ...]) -> None:
+    @nox.session(name=f"contender-{name}", default=False)
+    def contender(session: nox.Session) -> None:
+        if name in CUDA_ONLY and not shutil.which("nvidia-smi"):
+            session.log(f"{name} needs CUDA; the context search records it as skipped")
+            return
+        _install(session, "worker", torch=True, also=pins)
+        _interpreters(session).mkdir(exist_ok=True)
+        (_interpreters(session) / name).write_text(str(Path(session.bin) / "python"))
+
+    contender.__doc__ = f"The {name} stack for `context` (installs only)."
+
+
+def _interpreters(session: nox.Session) -> Path:
+    """Where each contender's venv leaves the path of its interpreter for `context`."""
+    return Path(session.virtualenv.location).parent / "contender-interpreters"
+
+
+for _name, _pins in CONTENDER_STACKS.items():
+    _contender_session(_name, _pins)
+
+
+@nox.session(default=False, requires=[f"contender-{name}" for name in CONTENDER_STACKS])
+def context(session: nox.Session) -> None:
+    """The max-context search across the contenders (Unsloth's ~7x claim); options after `--`."""
+    _install(session, "grpo", torch=True, also=(SAME_TRANSFORMERS,))
+    interpreters = [f"trl-1.16={Path(session.bin) / 'python'}"]
+    for name in CONTENDER_STACKS:
+        path = _interpreters(session) / name
+        if path.exists():
+            interpreters.append(f"{name}={path.read_text()}")
+    session.run("python", "-m", "benchmarks", "context", *(f"--python={i}" for i in interpreters), *session.posargs)
 
 
 @nox.session(default=False)

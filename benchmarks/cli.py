@@ -2,6 +2,8 @@
 
     python -m benchmarks bench [--profile NAME] [--quick] [--only PATTERN] [--out DIR]
     python -m benchmarks report FILE...   # a decode result's table and figure, made again
+    python -m benchmarks context [--profile NAME] [--budget-gib G] [--shape S] [--contenders A,B]
+                                 [--python NAME=INTERPRETER ...] [--out DIR]
 
 With no ``--profile``, a machine with no CUDA device runs ``cpu``.
 """
@@ -19,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import decode, grpo, machine, report
+from benchmarks import context, decode, grpo, machine, report
 from benchmarks import profile as profiles
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,6 +101,45 @@ def print_rewards_summary(path: Path) -> None:
         print(f"target: {target['claim']} (>= {target['minimum_ratio']:g}x): {verdict}")
 
 
+def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    print_environment()
+    try:
+        profile = profiles.load(args.profile or default_profile())
+    except profiles.ProfileError as error:
+        parser.error(str(error))
+    if profile.context is None:
+        parser.error(f"profile {profile.name!r} has no [context] table")
+    overrides: dict = {}
+    if args.budget_gib is not None:
+        if args.budget_gib <= 0:
+            parser.error(f"--budget-gib must be positive, got {args.budget_gib}")
+        overrides["budget_gib"] = args.budget_gib
+    if args.shape is not None:
+        if args.shape not in profiles.load_shapes():
+            parser.error(f"--shape {args.shape!r}: not in profiles/shapes.toml ({', '.join(profiles.load_shapes())})")
+        overrides["shape"] = args.shape
+    if args.contenders is not None:
+        names = tuple(n.strip() for n in args.contenders.split(",") if n.strip())
+        unknown = [n for n in names if n not in context.CONTENDERS]
+        if unknown or not names:
+            parser.error(
+                f"--contenders: unknown {', '.join(unknown) or '(none given)'}; have {', '.join(context.CONTENDERS)}"
+            )
+        overrides["contenders"] = names
+    pythons = {}
+    for item in args.python:
+        name, _, interpreter = item.partition("=")
+        if name not in context.CONTENDERS or not interpreter:
+            parser.error(
+                f"--python {item!r}: expected NAME=INTERPRETER with NAME one of {', '.join(context.CONTENDERS)}"
+            )
+        pythons[name] = interpreter
+    path = context.run_context(profile, pythons, args.out, overrides)
+    context.print_context_summary(path)
+    print(f"\nwrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -114,7 +155,22 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: results/runs)")
     remake = commands.add_parser("report", help="(re)make the table and figure of decode result files")
     remake.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    search = commands.add_parser("context", help="the max-context search across stacks (nox -s context)")
+    search.add_argument("--profile", help="a profile with a [context] table (default: this hardware's)")
+    search.add_argument("--budget-gib", type=float, help="the memory budget (default: the profile's)")
+    search.add_argument("--shape", help="a shape of profiles/shapes.toml (default: the profile's)")
+    search.add_argument("--contenders", help=f"a comma-separated subset of {', '.join(context.CONTENDERS)}")
+    search.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="NAME=INTERPRETER",
+        help="the interpreter of a contender's venv (nox -s context passes every one it built)",
+    )
+    search.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: results/runs)")
     args = parser.parse_args(argv)
+    if args.command == "context":
+        return run_context_command(parser, args)
     if args.command == "report":
         failed = 0
         for path in args.files:

