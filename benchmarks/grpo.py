@@ -152,6 +152,15 @@ def _summary(steps: list[dict]) -> dict[str, Any]:
     }
 
 
+def _die_with_parent() -> None:
+    """In the worker before exec: SIGKILL when the parent ends, so that a harness stopped by a
+    timeout or ^C leaves no worker behind (its own session keeps it from the terminal's signals)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def run_configuration(
     job: dict, budget_bytes: int | None, log_path: Path, prefix: Sequence[str] = (), python: str = sys.executable
 ) -> dict[str, Any]:
@@ -170,6 +179,7 @@ def run_configuration(
             env=env,
             cwd=machine.REPO,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
             text=True,
         )
     os.close(write_end)
