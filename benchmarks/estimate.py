@@ -35,9 +35,10 @@ MATERIALISED_COPIES = 4
 TRL_TOKEN_TILE, TRL_VOCAB_TILE, TRL_TILE_FP32_TEMPORARIES = 4096, 32768, 3
 UNSLOTH_CPU_CHUNK_ELEMENTS, UNSLOTH_CPU_FP32_TEMPORARIES = 16 * 2**20, 3
 LIGER_CHUNK_COMPLETIONS = 1
-# Runtime: the interpreter, torch and the trainer's libraries before any weight (CPU: RSS seen here after
-# the imports, ~0.6 GiB); on CUDA the context and the allocator's slack.
-RUNTIME_BYTES = {"cpu": int(0.6 * GIB), "cuda": int(1.0 * GIB)}
+# Runtime: the interpreter, torch and the trainer's libraries (CPU: the setup-phase peak RSS of the cpu
+# profile's workers seen here, 0.79 GiB, with the weights still mapped lazily); on CUDA the context and
+# the allocator's slack.
+RUNTIME_BYTES = {"cpu": int(0.8 * GIB), "cuda": int(1.0 * GIB)}
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,10 @@ def estimate(
             est.add(phase, "reference_model", weights, "beta > 0 without PEFT: a frozen copy")
 
     est.add("training", "gradients", trainable * trainable_bytes)
+    # The optimizer state lives across steps, rollout included; the gradients' memory, freed after
+    # each step (zero_grad(set_to_none=True)), stays with the allocator (glibc's heap on CPU, the
+    # caching allocator on CUDA), so the next rollout holds it too.
+    est.add("rollout", "freed_gradients", trainable * trainable_bytes, "freed after the step, kept by the allocator")
     if levers.optim.endswith("8bit"):
         # bitsandbytes: two uint8 states; transformers keeps nn.Embedding's states 32-bit.
         embedding_trainable = 0 if peft else embedding
@@ -162,6 +167,19 @@ def estimate(
         est.add("training", "optimizer_state", state, "8-bit AdamW; embeddings' states 32-bit")
     else:
         est.add("training", "optimizer_state", 2 * trainable * trainable_bytes, "AdamW m and v in the params' dtype")
+    for phase in ("rollout",):
+        est.add(phase, "optimizer_state", est.phases["training"]["optimizer_state"])
+    # The update's temporaries, counted from the code. torch AdamW: `exp_avg_sq.sqrt() / bias_correction`,
+    # two the size of a parameter (on CPU one parameter at a time, so the largest; on CUDA `foreach`
+    # makes them for every parameter at once). bitsandbytes on CPU: its 32-bit path (the embedding's,
+    # kept 32-bit) makes three fp32 ones (`g.float() * scale`, `sqrt + eps`, the update); its 8-bit
+    # blocks are small.
+    largest = embedding if not peft else shape.intermediate_size * shape.hidden_size
+    if levers.optim.endswith("8bit") and not cuda:
+        temporaries = 3 * min(largest, trainable) * 4
+    else:
+        temporaries = 2 * (trainable if cuda else min(largest, trainable)) * trainable_bytes
+    est.add("training", "optimizer_update", temporaries, "AdamW's denominator temporaries")
 
     layer = layer_activation_bytes(shape, b, peft)
     if levers.gradient_checkpointing:
@@ -194,3 +212,62 @@ def estimate(
             "rollout", "sampling_logits", work.completions * shape.vocab_size * 4, "one position per sequence, fp32"
         )
     return est
+
+
+TRAINING_PHASES = ("logprob", "forward_backward", "optimizer")
+
+
+def measured_phases(record: dict) -> dict[str, int]:
+    """A measured configuration's peaks in the model's phases: on CUDA NVML's device memory used
+    (vLLM and the context included), else the worker tree's RSS."""
+    summary = record.get("summary") or {}
+    steps = [s for s in record.get("steps", []) if not s.get("warmup")] or record.get("steps", [])
+    device = {}
+    for step in steps:
+        for phase, value in step.get("peak_device_used_bytes", {}).items():
+            device[phase] = max(device.get(phase, 0), value)
+    by_phase = device or summary.get("peak_rss_bytes_by_phase", {})
+    out = {}
+    if "rollout" in by_phase:
+        out["rollout"] = by_phase["rollout"]
+    training = [by_phase[p] for p in TRAINING_PHASES if p in by_phase]
+    if training:
+        out["training"] = max(training)
+    return out
+
+
+def predict_configuration(result: dict, record: dict, shapes: dict, hardware: dict) -> Estimate:
+    """The model's estimate for one configuration of a GRPO result file, from what the file says."""
+    grpo = result["profile"]["grpo"]
+    levers = Levers(**record["levers"])
+    work = Workload(levers.per_device_train_batch_size, grpo["prompt_words"], levers.max_completion_length)
+    shape = shapes[result["shape"]["name"]]
+    return estimate(shape, grpo["dtype"], levers, work, hardware[result["profile"]["hardware"]])
+
+
+def validate(results: list[tuple[str, dict]], shapes: dict, hardware: dict) -> list[dict]:
+    """Predicted against measured, per phase, for every configuration that ran in GRPO result
+    files (``(name, data)`` pairs)."""
+    rows = []
+    for name, result in results:
+        if result.get("kind") != "grpo":
+            continue
+        for record in result["configurations"]:
+            if record["status"] != "ok":
+                continue
+            predicted = predict_configuration(result, record, shapes, hardware)
+            for phase, measured in measured_phases(record).items():
+                value = predicted.total(phase)
+                rows.append(
+                    {
+                        "file": name,
+                        "hardware": result["profile"]["hardware"],
+                        "configuration": record["name"],
+                        "phase": phase,
+                        "predicted_bytes": value,
+                        "measured_bytes": measured,
+                        "error": (value - measured) / measured,
+                        "terms": predicted.phases[phase],
+                    }
+                )
+    return rows
