@@ -102,6 +102,20 @@ def context(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def tables(session: nox.Session) -> None:
+    """Regenerate results/tables/*.md from every result file (`-- --results DIR --out DIR --doc FILE`)."""
+    _install(session, "report")
+    session.run("python", "-m", "benchmarks", "tables", *session.posargs)
+
+
+@nox.session(default=False)
+def compare(session: nox.Session) -> None:
+    """Result files or hardware classes side by side, with figures (`-- A B ... --out DIR`)."""
+    _install(session, "report")
+    session.run("python", "-m", "benchmarks", "compare", *session.posargs)
+
+
+@nox.session(default=False)
 def lint(session: nox.Session) -> None:
     """ruff check and format check."""
     _install(session, "lint")

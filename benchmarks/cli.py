@@ -2,6 +2,9 @@
 
     python -m benchmarks bench [--profile NAME] [--quick] [--only PATTERN] [--out DIR]
     python -m benchmarks report FILE...   # a decode result's table and figure, made again
+    python -m benchmarks estimate --shape 32b --hardware h200 [--levers optim=adamw_8bit,model=lora] [...]
+    python -m benchmarks tables [--results DIR] [--out DIR] [--doc FILE ...]
+    python -m benchmarks compare [A B ...] [--results DIR] [--out DIR]
     python -m benchmarks context [--profile NAME] [--budget-gib G] [--shape S] [--contenders A,B]
                                  [--python NAME=INTERPRETER ...] [--out DIR]
 
@@ -21,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import context, decode, grpo, machine, report
+from benchmarks import compare, context, decode, estimate, grpo, machine, report, tables
 from benchmarks import profile as profiles
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,6 +104,82 @@ def print_rewards_summary(path: Path) -> None:
         print(f"target: {target['claim']} (>= {target['minimum_ratio']:g}x): {verdict}")
 
 
+def parse_levers(text: str) -> profiles.Levers:
+    """``k=v,k=v`` as Levers; values read as TOML (true, 0.04, "x") or else as plain strings."""
+    import tomllib
+
+    table = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise profiles.ProfileError(f"--levers: {item!r} is not KEY=VALUE")
+        try:
+            table[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            table[key.strip()] = value.strip()
+    return profiles._build(profiles.Levers, table, "--levers", partial=True)
+
+
+def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    shapes, catalog = profiles.load_shapes(), profiles.load_hardware()
+    if args.shape not in shapes:
+        parser.error(f"--shape {args.shape!r}: not in profiles/shapes.toml ({', '.join(shapes)})")
+    if args.hardware not in catalog:
+        parser.error(f"--hardware {args.hardware!r}: not in profiles/hardware.toml ({', '.join(catalog)})")
+    try:
+        levers = parse_levers(args.levers)
+        work = estimate.Workload(args.completions, args.prompt_tokens, args.completion_tokens)
+        est = estimate.estimate(shapes[args.shape], args.dtype, levers, work, catalog[args.hardware], args.logits)
+    except (profiles.ProfileError, ValueError) as error:
+        parser.error(str(error))
+    hardware = catalog[args.hardware]
+    print(
+        f"{args.shape} ({shapes[args.shape].param_count() / 1e9:.2f}B) {args.dtype} on {hardware.name} "
+        f"({hardware.memory_gib:g} GiB); {work.completions} x ({work.prompt_tokens} + {work.completion_tokens}) tokens"
+    )
+    print(f"levers: {levers}")
+    for phase, terms in est.phases.items():
+        print(f"\n{phase}: {est.total(phase) / estimate.GIB:.2f} GiB")
+        for term, value in sorted(terms.items(), key=lambda item: -item[1]):
+            print(f"  {term:20} {value / estimate.GIB:9.2f} GiB  {est.notes.get(term, '')}")
+    fits = est.peak <= hardware.memory_gib * estimate.GIB
+    print(
+        f"\npeak {est.peak / estimate.GIB:.2f} GiB in {est.peak_phase}: "
+        f"{'fits' if fits else 'does NOT fit'} {hardware.memory_gib:g} GiB (predicted)"
+    )
+    return 0
+
+
+def run_tables(args: argparse.Namespace) -> int:
+    try:
+        written = tables.write_tables(args.results, args.out)
+        results = tables.load_results(args.results)
+        built = tables.build(results)
+        for doc in args.doc:
+            replaced = tables.rewrite_document(doc, built, tables.last_verified(results))
+            print(f"rewrote {doc}: {', '.join(replaced) or 'no table markers'}; Last verified lines set")
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    tables.print_model_error(args.results)
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    try:
+        sides = compare.resolve_sides(args.sides, args.results)
+        out = args.out or REPO / "results" / "compare" / "-vs-".join(s.label for s in sides)
+        written = compare.write_comparison(sides, out)
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    return 0
+
+
 def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print_environment()
     try:
@@ -168,7 +247,30 @@ def main(argv: list[str] | None = None) -> int:
         help="the interpreter of a contender's venv (nox -s context passes every one it built)",
     )
     search.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: results/runs)")
+    guess = commands.add_parser("estimate", help="the analytic model's memory per term for one GRPO step")
+    guess.add_argument("--shape", required=True, help="a shape of profiles/shapes.toml")
+    guess.add_argument("--hardware", required=True, help="a hardware class of profiles/hardware.toml")
+    guess.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 or float16 (default bfloat16)")
+    guess.add_argument("--levers", default="", help="GRPOConfig fields and model/lora_r: k=v,k=v (TOML values)")
+    guess.add_argument("--completions", type=int, default=8, help="sequences per step (default 8)")
+    guess.add_argument("--prompt-tokens", type=int, default=256)
+    guess.add_argument("--completion-tokens", type=int, default=1024)
+    guess.add_argument("--logits", default="trl-tiled", choices=estimate.LOGITS_PATHS, help="the loss's logits path")
+    tabulate = commands.add_parser("tables", help="regenerate results/tables/*.md from every result file")
+    tabulate.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
+    tabulate.add_argument("--out", type=Path, default=REPO / "results" / "tables", help="default: results/tables")
+    tabulate.add_argument("--doc", type=Path, action="append", default=[], help="a markdown file with table markers")
+    versus = commands.add_parser("compare", help="result files or hardware classes side by side, with figures")
+    versus.add_argument("sides", nargs="*", metavar="FILE_OR_CLASS")
+    versus.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
+    versus.add_argument("--out", type=Path, help="default: results/compare/<A>-vs-<B>")
     args = parser.parse_args(argv)
+    if args.command == "estimate":
+        return run_estimate(parser, args)
+    if args.command == "tables":
+        return run_tables(args)
+    if args.command == "compare":
+        return run_compare(args)
     if args.command == "context":
         return run_context_command(parser, args)
     if args.command == "report":

@@ -124,7 +124,7 @@ def predicted_max(shape: Shape, settings: ContextBench, levers: Levers, hardware
 
 def _probe_record(length: int, record: dict, predicted_peak: int, wall_s: float) -> dict[str, Any]:
     step = (record.get("steps") or [{}])[-1]
-    by_phase = step.get("peak_rss_bytes", {})
+    by_phase = step.get("peak_rss_bytes") or record.get("unfinished_peak_rss_bytes", {})
     cuda = {phase: peaks["reserved"] for phase, peaks in step.get("cuda_peak_bytes", {}).items()}
     peaks = cuda or by_phase
     return {

@@ -175,8 +175,8 @@ def estimate(
     # kept 32-bit) makes three fp32 ones (`g.float() * scale`, `sqrt + eps`, the update); its 8-bit
     # blocks are small.
     largest = embedding if not peft else shape.intermediate_size * shape.hidden_size
-    if levers.optim.endswith("8bit") and not cuda:
-        temporaries = 3 * min(largest, trainable) * 4
+    if levers.optim.endswith("8bit"):
+        temporaries = 0 if cuda else 3 * min(largest, trainable) * 4  # CUDA: bitsandbytes' fused kernels
     else:
         temporaries = 2 * (trainable if cuda else min(largest, trainable)) * trainable_bytes
     est.add("training", "optimizer_update", temporaries, "AdamW's denominator temporaries")

@@ -234,6 +234,11 @@ def run_configuration(
     elif ending["event"] != "done":
         tail = log_path.read_text(errors="replace")[-3000:]
         record.update(reason=ending.get("error", f"worker exit {worker.returncode}"), log_tail=tail)
+    if record["status"] != "ok":  # where the memory stood when the worker ended (e.g. stopped at the budget)
+        finished = {step["step"] for step in steps}
+        record["unfinished_peak_rss_bytes"] = {
+            phase: peak for (index, phase), peak in sampler.peaks.items() if index is not None and index not in finished
+        }
     record["setup_peak_rss_bytes"] = max((p for (i, _), p in sampler.peaks.items() if i is None), default=0)
     record["summary"] = _summary(steps)
     record["harness"] = {

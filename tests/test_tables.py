@@ -1,0 +1,148 @@
+"""Tables and comparisons follow the result files: a synthetic results directory, changed one
+file at a time, and the analytic model's command."""
+
+import dataclasses
+import json
+
+import pytest
+
+from benchmarks import compare, tables
+from benchmarks.cli import main
+from benchmarks.estimate import GIB
+from benchmarks.profile import Levers
+
+
+def grpo_file(directory, hardware, shape, started="2026-12-01T10:00:00+00:00", status="ok", peak_gib=100.0, name="a"):
+    levers = dataclasses.asdict(dataclasses.replace(Levers(), model="lora", gradient_checkpointing=True))
+    by_phase = {"rollout": int(0.5 * peak_gib * GIB), "forward_backward": int(peak_gib * GIB)}
+    record = {
+        "name": "model=lora",
+        "levers": levers,
+        "status": status,
+        "steps": [{"warmup": False, "phase_s": {"rollout": 1.0, "forward_backward": 2.0}, "peak_rss_bytes": by_phase}],
+        "summary": {
+            "peak_rss_bytes": by_phase["forward_backward"],
+            "peak_rss_bytes_by_phase": by_phase,
+            "step_s_median": 3.0,
+        },
+    }
+    data = {
+        "kind": "grpo",
+        "started": started,
+        "quick": False,
+        "profile": {"hardware": hardware, "grpo": {"prompt_words": 128, "dtype": "bfloat16"}},
+        "shape": {"name": shape},
+        "configurations": [record],
+    }
+    path = directory / hardware / f"{started[:10].replace('-', '')}T000000Z-{name}-grpo.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def sizing_row(directory, shape):
+    table = tables.sizing_table(tables.load_results(directory))
+    header = table.splitlines()[0]
+    row = next(line for line in table.splitlines() if line.startswith(f"| {shape} "))
+    return header, dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+
+
+def test_a_measured_cell_names_its_file_and_goes_back_to_predicted_when_the_file_goes(tmp_path):
+    path = grpo_file(tmp_path, "h200", "32b")
+    _, row = sizing_row(tmp_path, "32b")
+    cell = row["H200-class (141 GB)"]
+    assert "measured" in cell and path.name in cell and "2026-12-01" in cell and "100.0 GiB" in cell
+    assert "predicted" in row["B200-class (180 GB)"]  # no file for it
+
+    path.unlink()
+    grpo_file(tmp_path, "cpu", "0.5b")  # something else, so the directory is not empty
+    _, row = sizing_row(tmp_path, "32b")
+    assert "predicted" in row["H200-class (141 GB)"] and "measured" not in row["H200-class (141 GB)"]
+
+
+def test_a_run_that_ran_out_of_memory_is_a_measured_does_not_fit(tmp_path):
+    grpo_file(tmp_path, "h200", "72b", status="oom")
+    _, row = sizing_row(tmp_path, "72b")
+    assert row["H200-class (141 GB)"].startswith("does not fit") and "measured" in row["H200-class (141 GB)"]
+
+
+def test_a_new_gpu_class_gets_a_column(tmp_path):
+    grpo_file(tmp_path, "h200", "32b")
+    header, _ = sizing_row(tmp_path, "32b")
+    assert "H100-class" not in header and "24GB-class" in header and "B200-class" in header
+    grpo_file(tmp_path, "h100", "7b")
+    header, row = sizing_row(tmp_path, "7b")
+    assert "H100-class (80 GB)" in header and "measured" in row["H100-class (80 GB)"]
+
+
+def test_the_newest_file_of_a_class_and_size_class_wins(tmp_path):
+    grpo_file(tmp_path, "h200", "32b", started="2026-12-01T10:00:00+00:00", peak_gib=100.0)
+    grpo_file(tmp_path, "h200", "32b", started="2026-12-02T10:00:00+00:00", peak_gib=120.0, name="b")
+    _, row = sizing_row(tmp_path, "32b")
+    assert "120.0 GiB" in row["H200-class (141 GB)"] and "2026-12-02" in row["H200-class (141 GB)"]
+
+
+def test_every_table_is_written_with_the_newest_date_and_a_document_is_rewritten_between_markers(tmp_path):
+    results = tmp_path / "runs"
+    grpo_file(results, "h200", "32b", started="2026-12-03T10:00:00+00:00")
+    written = tables.write_tables(results, tmp_path / "tables")
+    assert {p.name for p in written} == {f"{name}.md" for name in tables.TABLES}
+    assert all("Last verified: 2026-12-03" in p.read_text() for p in written)
+
+    doc = tmp_path / "guide.md"
+    doc.write_text(
+        "Last verified: 2026-07-13\n\n# Sizing\n<!-- grpo-bench:sizing -->\nold table\n<!-- /grpo-bench:sizing -->\n"
+        "prose kept\nLast verified: 2026-07-13\n"
+    )
+    built = tables.build(tables.load_results(results))
+    assert tables.rewrite_document(doc, built, "2026-12-03") == ["sizing"]
+    text = doc.read_text()
+    assert "old table" not in text and built["sizing"] in text and "prose kept" in text
+    assert text.count("Last verified: 2026-12-03") == 2 and "2026-07-13" not in text
+
+    doc.write_text("<!-- grpo-bench:sizes -->\n<!-- /grpo-bench:sizes -->\n")
+    with pytest.raises(ValueError, match=r"guide.md: unknown table marker grpo-bench:sizes"):
+        tables.rewrite_document(doc, built, "2026-12-03")
+
+
+def test_a_bad_result_file_is_named(tmp_path):
+    (tmp_path / "h200").mkdir()
+    (tmp_path / "h200" / "x-grpo.json").write_text('{"kind": "grpo"}')
+    with pytest.raises(ValueError, match=r"h200/x-grpo.json: missing key 'profile'"):
+        tables.load_results(tmp_path)
+    (tmp_path / "h200" / "x-grpo.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"h200/x-grpo.json: not JSON"):
+        tables.load_results(tmp_path)
+
+
+def test_the_model_table_reports_the_error_of_every_configuration_that_ran(tmp_path):
+    grpo_file(tmp_path, "h200", "32b", peak_gib=100.0)
+    text, median = tables.model_table(tables.load_results(tmp_path))
+    assert "model=lora" in text and median is not None and f"{median:.1%}" in text
+
+
+def test_compare_puts_matching_configurations_side_by_side_with_ratios_and_draws_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    results = tmp_path / "runs"
+    grpo_file(results, "h200", "32b", peak_gib=100.0)
+    grpo_file(results, "h100", "32b", peak_gib=50.0)
+    sides = compare.resolve_sides(["h100", "h200"], results)
+    written = compare.write_comparison(sides, tmp_path / "out")
+    text = written[0].read_text()
+    assert "| model=lora | 3.00, 50.00 | 3.00, 100.00 | 1.00x, 2.00x |" in text
+    pngs = [p for p in written if p.suffix == ".png"]
+    assert {p.name for p in pngs} >= {"memory-breakdown-h100.png", "memory-by-phase-h200.png"}
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in pngs)
+    with pytest.raises(ValueError, match="a100: neither a result file nor a hardware class"):
+        compare.resolve_sides(["a100", "h200"], results)
+
+
+def test_estimate_prints_the_breakdown_and_whether_it_fits(capsys):
+    assert main(["estimate", "--shape", "0.5b", "--hardware", "rtx4090", "--levers", "optim=adamw_8bit"]) == 0
+    out = capsys.readouterr().out
+    assert "optimizer_state" in out and "fits 24 GiB (predicted)" in out
+    assert main(["estimate", "--shape", "72b", "--hardware", "rtx4090"]) == 0
+    assert "does NOT fit" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["estimate", "--shape", "0.5b", "--hardware", "rtx4090", "--levers", "optimizer=sgd"])
+    assert "unknown key optimizer" in capsys.readouterr().err
