@@ -33,7 +33,8 @@ def _install(session: nox.Session, extras: str, *, torch: bool = False, also: tu
         pins = ("-c", str(constraints))
     session.install("-e", f".[{extras}]", *also, *pins)
     if torch:
-        session.run("python", "-m", "pip", "uninstall", "-y", "-q", *BREAKS_TRANSFORMERS, silent=True)
+        # run_install: part of installing, so that `--install-only` does it too
+        session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *BREAKS_TRANSFORMERS, silent=True)
 
 
 def _engine_extra() -> str:
