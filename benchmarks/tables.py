@@ -347,7 +347,32 @@ def model_table(results: list[Result]) -> tuple[str, float | None]:
         f"Median absolute error of the training-phase peak: {median:.1%} over {len(errors)} configurations "
         f"(target: at most 10%: {verdict}).",
     ]
-    return "\n".join(lines) + "\n", median
+    return "\n".join(lines + _context_probe_errors(results)) + "\n", median
+
+
+def _context_probe_errors(results: list[Result]) -> list[str]:
+    """The context searches' probes are measured configurations too: the model's peak against each
+    fitting probe's, per contender (the model alone, as the probe recorded it)."""
+    lines = []
+    for result in results:
+        if result.kind != "context":
+            continue
+        for entry in result.data["contenders"]:
+            errors = [
+                (p["predicted_peak_bytes"] - p["peak_bytes"]) / p["peak_bytes"]
+                for p in entry.get("probes", [])
+                if p["fits"] and p["peak_bytes"]
+            ]
+            if errors:
+                lines.append(
+                    f"| {result.path} | {entry['name']} | {len(errors)} | {statistics.median(errors):+.0%} | "
+                    f"{min(errors):+.0%} .. {max(errors):+.0%} |"
+                )
+    if not lines:
+        return []
+    header = ["", "Context probes (each fitting probe's whole-step peak):", ""]
+    header += ["| file | contender | probes | median error | range |", "|---|---|---:|---:|---|"]
+    return header + lines
 
 
 def build(results: list[Result]) -> dict[str, str]:

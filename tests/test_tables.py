@@ -146,3 +146,34 @@ def test_estimate_prints_the_breakdown_and_whether_it_fits(capsys):
     with pytest.raises(SystemExit):
         main(["estimate", "--shape", "0.5b", "--hardware", "rtx4090", "--levers", "optimizer=sgd"])
     assert "unknown key optimizer" in capsys.readouterr().err
+
+
+def test_the_context_table_and_the_model_table_follow_a_context_file(tmp_path):
+    probe = {"completion_tokens": 64, "fits": True, "peak_bytes": 4 * GIB, "predicted_peak_bytes": 3 * GIB}
+    entry = {
+        "name": "trl-1.16",
+        "status": "measured",
+        "max_completion_tokens": 240,
+        "first_failing_tokens": 256,
+        "at_ceiling": False,
+        "predicted_max_completion_tokens": 704,
+        "probes": [probe],
+    }
+    skipped = {"name": "trl-1.16-liger", "status": "skipped", "reason": "needs CUDA", "probes": []}
+    data = {
+        "kind": "context",
+        "started": "2026-12-04T00:00:00+00:00",
+        "profile": {"hardware": "cpu"},
+        "shape": {"name": "0.5b"},
+        "search": {"dtype": "bfloat16", "budget_gib": 5.0, "completions_per_step": 8},
+        "contenders": [entry, skipped],
+        "ratios": {"trl-1.16": {"measured_vs_trl-1.16": 1.0, "predicted_vs_trl-1.16": 1.0}},
+        "verdict": {"text": "the ~7x claim is not reproduced here."},
+    }
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "x-context.json").write_text(json.dumps(data))
+    results = tables.load_results(tmp_path)
+    text = tables.context_table(results)
+    assert "| trl-1.16 | measured | 240 | 256 | 704 |" in text and "skipped: needs CUDA" in text
+    assert "not reproduced" in text and "budget 5 GiB" in text
+    assert "| cpu/x-context.json | trl-1.16 | 1 | -25% |" in "\n".join(tables._context_probe_errors(results))
