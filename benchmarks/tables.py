@@ -25,6 +25,7 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from benchmarks import context
 from benchmarks.estimate import GIB, Workload, estimate, validate
 from benchmarks.profile import Hardware, Levers, load_hardware, load_shapes
 
@@ -286,11 +287,14 @@ def context_table(results: list[Result]) -> str:
             "| vs TRL 1.14.2 | vs TRL 1.16 |",
             "|---|---|---:|---:|---:|---:|---:|",
         ]
-        ratios = result.data.get("ratios", {})
-        for entry in result.data["contenders"]:
+        contenders = result.data["contenders"]
+        ratios = context.ratios(contenders)  # made again from the probes, as the verdict below
+        for entry in contenders:
             row = ratios.get(entry["name"], {})
             if entry["status"] != "measured":
-                lines.append(f"| {entry['name']} | {entry['status']}: {entry.get('reason', '')} | | | | | |")
+                reason = entry.get("reason", "")
+                short = reason if len(reason) <= 160 else reason[:157] + "..."
+                lines.append(f"| {entry['name']} | {entry['status']}: {short} | | | | | |")
                 continue
             best = entry["max_completion_tokens"]
             best_text = "none" if best is None else f">= {best}" if entry["at_ceiling"] else str(best)
@@ -299,8 +303,8 @@ def context_table(results: list[Result]) -> str:
                 f"{entry['predicted_max_completion_tokens'] or ''} | "
                 f"{_ratio(row, 'trl-1.14.2')} | {_ratio(row, 'trl-1.16')} |"
             )
-        if "verdict" in result.data:
-            lines += ["", f"Verdict: {result.data['verdict']['text']}", ""]
+        cuda = "cuda" in search.get("budget_enforced_by", "")
+        lines += ["", f"Verdict: {context.verdict(contenders, ratios, cuda)['text']}", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -160,20 +160,24 @@ def test_the_context_table_and_the_model_table_follow_a_context_file(tmp_path):
         "probes": [probe],
     }
     skipped = {"name": "trl-1.16-liger", "status": "skipped", "reason": "needs CUDA", "probes": []}
+    baseline = {**entry, "name": "trl-1.14.2", "max_completion_tokens": 80, "probes": [], "stack": "trl"}
+    unsloth = {**entry, "name": "unsloth-2026.10.9", "max_completion_tokens": 240, "probes": [], "stack": "unsloth"}
     data = {
         "kind": "context",
         "started": "2026-12-04T00:00:00+00:00",
         "profile": {"hardware": "cpu"},
         "shape": {"name": "0.5b"},
         "search": {"dtype": "bfloat16", "budget_gib": 5.0, "completions_per_step": 8},
-        "contenders": [entry, skipped],
-        "ratios": {"trl-1.16": {"measured_vs_trl-1.16": 1.0, "predicted_vs_trl-1.16": 1.0}},
-        "verdict": {"text": "the ~7x claim is not reproduced here."},
+        "contenders": [baseline, {**entry, "stack": "trl"}, unsloth, {**skipped, "stack": "trl"}],
     }
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "x-context.json").write_text(json.dumps(data))
     results = tables.load_results(tmp_path)
     text = tables.context_table(results)
     assert "| trl-1.16 | measured | 240 | 256 | 704 |" in text and "skipped: needs CUDA" in text
-    assert "not reproduced" in text and "budget 5 GiB" in text
+    assert (
+        "| unsloth-2026.10.9 | measured | 240 | 256 | 704 | 3.00x (predicted 1.00x) | 1.00x (predicted 1.00x) |" in text
+    )
+    assert "reached 3.0x the context of unchunked TRL 1.14.2" in text and "not reproduced" in text
+    assert "budget 5 GiB" in text
     assert "| cpu/x-context.json | trl-1.16 | 1 | -25% |" in "\n".join(tables._context_probe_errors(results))
