@@ -6,6 +6,7 @@ import logging
 import os
 import pickle
 import socket
+import sys
 import textwrap
 import time
 import uuid
@@ -245,6 +246,8 @@ def test_a_command_prefix_boundary_gets_the_job_on_stdin(sandbox):
     """A user-given prefix (here bubblewrap spelled out by hand) sees the candidate and tests
     without any shared path: they travel on stdin, unlike the seed's Docker example."""
     prefix = [find_bwrap(), "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--tmpfs", "/tmp"]
+    for path in dict.fromkeys((sys.prefix, sys.base_prefix)):  # the interpreter, where /tmp's tmpfs hid it
+        prefix += ["--ro-bind", path, path]
     prefix += ["--proc", "/proc", "--dev", "/dev", "--chdir", "/tmp", "--"]
     boundary = CommandPrefix(prefix, python=Bubblewrap().python, drop_to_uid=None)
     completions = [CORRECT_ADD, "def add(a, b):\n    return None\n"]
