@@ -252,7 +252,8 @@ def test_a_command_prefix_boundary_gets_the_job_on_stdin(sandbox):
     boundary = CommandPrefix(prefix, python=Bubblewrap().python, drop_to_uid=None)
     completions = [CORRECT_ADD, "def add(a, b):\n    return None\n"]
     assert test_execution_reward(completions, [ADD_TESTS] * 2, sandbox_cmd=None) == [1.0, 0.0]
-    assert make_test_execution_reward(boundary)(completions, test_code=[ADD_TESTS] * 2) == [1.0, 0.0]
+    verdicts = make_test_execution_reward(boundary).verdicts(completions, [ADD_TESTS] * 2)
+    assert [v.passed for v in verdicts] == [True, False], [v.reason for v in verdicts]
 
 
 @pytest.mark.parametrize(
