@@ -135,10 +135,17 @@ def make_undumpable():
 
 
 def private_directory():
-    base = os.environ.get("TMPDIR", "/tmp")
-    path = os.path.join(base, f"grpo-bench-{os.getpid()}-{os.urandom(6).hex()}")
-    os.mkdir(path, 0o755)
-    return path
+    """A fresh directory in $TMPDIR, else in /tmp: behind a user-given prefix the caller's $TMPDIR
+    (nox sets one inside its venv) may be hidden or read-only."""
+    error = None
+    for base in dict.fromkeys((os.environ.get("TMPDIR") or "/tmp", "/tmp")):
+        path = os.path.join(base, f"grpo-bench-{os.getpid()}-{os.urandom(6).hex()}")
+        try:
+            os.mkdir(path, 0o755)
+            return path
+        except OSError as failed:
+            error = failed
+    raise error
 
 
 def run_job(candidate, tests, limits, uid):
