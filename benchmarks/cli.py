@@ -81,7 +81,9 @@ def run_rewards(profile: profiles.Profile, quick: bool, out: Path) -> Path:
     return target
 
 
-PARTS = ("rewards", "grpo")
+def shown(path: Path) -> Path:
+    """A path as printed: relative to the checkout where it lies in it."""
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
 
 
 def print_rewards_summary(path: Path) -> None:
@@ -162,7 +164,7 @@ def run_tables(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     for path in written:
-        print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+        print(f"wrote {shown(path)}")
     tables.print_model_error(args.results)
     return 0
 
@@ -176,7 +178,7 @@ def run_compare(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     for path in written:
-        print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+        print(f"wrote {shown(path)}")
     return 0
 
 
@@ -215,7 +217,7 @@ def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespac
         pythons[name] = interpreter
     path = context.run_context(profile, pythons, args.out, overrides)
     context.print_context_summary(path)
-    print(f"\nwrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    print(f"\nwrote {shown(path)}")
     return 0
 
 
@@ -228,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--only",
         metavar="PATTERN",
-        help=f"only the parts ({', '.join(PARTS)}) or GRPO configurations whose name matches PATTERN "
+        help=f"only the parts ({', '.join(profiles.PARTS)}) or GRPO configurations whose name matches PATTERN "
         "(several: PATTERN,PATTERN)",
     )
     bench.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: results/runs)")
@@ -312,10 +314,10 @@ def main(argv: list[str] | None = None) -> int:
             path = decode.run_decode(profile, args.quick, args.out)
             decode.print_decode_summary(path)
             for made in report.write_decode_report(path):
-                print(f"made {made.relative_to(REPO) if made.is_relative_to(REPO) else made}")
+                print(f"made {shown(made)}")
         else:
             path = grpo.run_grpo(profile, args.quick, args.out, configuration_filter)
             grpo.print_summary(path)
-        print(f"\nwrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+        print(f"\nwrote {shown(path)}")
     print(f"profile {profile.name} took {time.monotonic() - started:.0f} s")
     return 0

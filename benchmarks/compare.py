@@ -21,7 +21,7 @@ from pathlib import Path
 from benchmarks.estimate import GIB, measured_phases, predict_configuration
 from benchmarks.profile import load_hardware, load_shapes
 from benchmarks.report import decode_figure
-from benchmarks.tables import Result, load_results
+from benchmarks.tables import Result, load_results, markdown_head
 
 KINDS = ("grpo", "decode", "context", "rewards")
 PHASE_ORDER = ("setup", "rollout", "sleep_wake", "reward", "scoring", "logprob", "forward_backward", "optimizer")
@@ -38,8 +38,7 @@ def resolve_sides(arguments: list[str], results_dir: Path) -> list[Side]:
     results = [r for r in (load_results(results_dir) if results_dir.is_dir() else []) if _comparable(r)]
     newest: dict[str, dict[str, Result]] = {}
     for result in results:
-        if not result.data.get("quick"):
-            newest.setdefault(result.hardware, {})[result.kind] = result
+        newest.setdefault(result.hardware, {})[result.kind] = result
     if not arguments:
         if len(newest) >= 2:
             return [Side(hardware, files) for hardware, files in newest.items()]
@@ -95,8 +94,7 @@ def grpo_rows(sides: list[Side]) -> list[str]:
         + ", ".join(f"{s.label} {r.data['shape']['name']}" for s, r in runs)
         + "):",
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
+        *markdown_head(header),
     ]
     for name in common:
         records = [next(c for c in r.data["configurations"] if c["name"] == name) for _, r in runs]
@@ -127,7 +125,7 @@ def decode_rows(sides: list[Side]) -> list[str]:
     tables = [points(r) for _, r in runs]
     common = [k for k in tables[0] if all(k in t for t in tables[1:])]
     header = ["engine, batch, context"] + [f"{s.label} GB/s (of ceiling)" for s, _ in runs] + ["ratio"]
-    lines = ["Decode points in every side:", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = ["Decode points in every side:", "", *markdown_head(header)]
     for key in common:
         rows = [t[key] for t in tables]
         cells = [f"{r['achieved_gb_s']:.2f} ({r['efficiency_vs_ceiling']:.0%})" for r in rows]
@@ -145,7 +143,7 @@ def context_rows(sides: list[Side]) -> list[str]:
         return []
     names = list(dict.fromkeys(c["name"] for _, r in runs for c in r.data["contenders"]))
     header = ["contender"] + [f"{s.label} max tokens" for s, _ in runs] + ["ratio"]
-    lines = ["Max completion tokens per contender:", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = ["Max completion tokens per contender:", "", *markdown_head(header)]
     for name in names:
         values = []
         for _, result in runs:
@@ -170,7 +168,7 @@ def rewards_rows(sides: list[Side]) -> list[str]:
     tables = [rates(r) for _, r in runs]
     common = [k for k in tables[0] if all(k in t for t in tables[1:]) and k[1] == "grpo-bench" and k[4] == "str"]
     header = ["reward, batch, words"] + [f"{s.label} completions/s" for s, _ in runs] + ["ratio"]
-    lines = ["Reward throughput in every side:", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = ["Reward throughput in every side:", "", *markdown_head(header)]
     for key in sorted(common):
         values = [t[key] for t in tables]
         lines.append(

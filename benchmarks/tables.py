@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks import context
+from benchmarks.bandwidth import kv_bytes_per_token
 from benchmarks.estimate import GIB, Workload, estimate, validate
 from benchmarks.profile import Hardware, Levers, load_hardware, load_shapes
 
@@ -106,6 +107,11 @@ def load_results(directory: Path) -> list[Result]:
     return sorted(found, key=lambda r: (r.date, r.path))
 
 
+def markdown_head(header: list[str]) -> list[str]:
+    """A markdown table's header row and rule."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+
 def _hardware_for(size_class: str, catalog: dict[str, Hardware]) -> tuple[str, Hardware]:
     """A size class's smallest member: the one its cell has to fit."""
     members = [(name, hw) for name, hw in catalog.items() if hw.size_class == size_class]
@@ -115,8 +121,7 @@ def _hardware_for(size_class: str, catalog: dict[str, Hardware]) -> tuple[str, H
 def _vllm_share(levers: Levers, shape_name: str, hardware: Hardware) -> Levers:
     """The engine sized to the rollout: bf16 weights and the KV cache of the workload, 10% slack."""
     shape = load_shapes()[shape_name]
-    kv = 2 * shape.num_hidden_layers * shape.num_key_value_heads * shape.head_dim * 2 * SIZING_WORKLOAD.positions
-    need = 1.1 * (shape.param_count() * 2 + kv)
+    need = 1.1 * (shape.param_count() * 2 + kv_bytes_per_token(shape, 2) * SIZING_WORKLOAD.positions)
     return replace(levers, vllm_gpu_memory_utilization=min(0.95, need / (hardware.memory_gib * GIB)))
 
 
@@ -194,7 +199,7 @@ def sizing_table(results: list[Result]) -> str:
     size_classes = sorted((n for n in shapes if not n.startswith("tiny")), key=lambda n: shapes[n].param_count())
     header = ["Size class", "The seed says", "Feasible with (smallest class that fits)"]
     header += [f"{CLASS_NAMES.get(c, c)} ({_hardware_for(c, catalog)[1].memory_gib:g} GB)" for c in classes]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = markdown_head(header)
     for size in size_classes:
         cells, smallest = [], None
         for size_class in classes:
