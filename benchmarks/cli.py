@@ -75,7 +75,7 @@ def run_rewards(profile: profiles.Profile, quick: bool, out: Path) -> Path:
         done = subprocess.run(command, cwd=REPO)
         if not partial.exists():
             raise SystemExit(f"reward benchmarks wrote no result (pytest exit {done.returncode})")
-        os.replace(partial, target)  # whole or not at all
+        machine.write_atomically(target, json.loads(partial.read_text()))
     if done.returncode != 0:
         print(f"warning: pytest exited {done.returncode}; the result file keeps the rows that ran")
     return target

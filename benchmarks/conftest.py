@@ -31,3 +31,13 @@ def load_profile(config: pytest.Config) -> profiles.Profile:
 
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks: list, output_json: dict) -> None:
     output_json["grpo_bench"] = summarize(load_profile(config), output_json["benchmarks"])
+    drop_rounds(output_json)
+
+
+def drop_rounds(output_json: dict) -> dict:
+    """pytest-benchmark's statistics without its raw per-round timings (``stats.data``, up to
+    tens of thousands a row): result files stay small, and ``pytest-benchmark compare`` reads
+    them still."""
+    for row in output_json["benchmarks"]:
+        row["stats"].pop("data", None)
+    return output_json

@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -91,10 +92,31 @@ def stamp() -> str:
     return f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}"
 
 
+# Result files travel between machines: no path of the machine that made them. A path inside an
+# installed package keeps its place in the package; one inside the checkout, its place there; any
+# other absolute path keeps only its last component.
+_SITE_PACKAGES = re.compile(r"(?<![\w.:/-])/[^\s\"'\\]*?/(?:site|dist)-packages/")
+_ABSOLUTE = re.compile(r"(?<![\w.:/<>-])(?!/(?:proc|sys|dev)/)(?:/[\w.+@~-]+)+/([\w.+@~-]+)")
+
+
+def scrub_paths(value: Any) -> Any:
+    """``value`` (a result's data) with the measuring machine's absolute paths cut down."""
+    if isinstance(value, str):
+        value = _SITE_PACKAGES.sub("<site-packages>/", value).replace(f"{REPO}/", "<repo>/")
+        return _ABSOLUTE.sub(r"<path>/\1", value)
+    if isinstance(value, dict):
+        return {key: scrub_paths(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [scrub_paths(item) for item in value]
+    return value
+
+
 def write_atomically(path: Path, data: dict) -> None:
+    """The one way a result file is written: whole or not at all, 0644, no machine paths."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".partial", delete=False) as f:
-        json.dump(data, f, indent=1)
+        json.dump(scrub_paths(data), f, indent=1)
+    os.chmod(f.name, 0o644)
     os.replace(f.name, path)
 
 
