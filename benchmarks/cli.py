@@ -1,6 +1,6 @@
 """``python -m benchmarks bench``: run a profile's parts and write one result file per part.
 
-    python -m benchmarks bench [--profile NAME] [--quick] [--only PATTERN] [--out DIR]
+    python -m benchmarks bench [--profile NAME] [--hardware CLASS] [--quick] [--only PATTERN] [--out DIR]
     python -m benchmarks report FILE...   # a decode result's table and figure, made again
     python -m benchmarks estimate --shape 32b --hardware h200 [--levers optim=adamw_8bit,model=lora] [...]
     python -m benchmarks tables [--results DIR] [--out DIR] [--doc FILE ...]
@@ -8,7 +8,9 @@
     python -m benchmarks context [--profile NAME] [--budget-gib G] [--shape S] [--contenders A,B]
                                  [--python NAME=INTERPRETER ...] [--out DIR]
 
-With no ``--profile``, a machine with no CUDA device runs ``cpu``.
+With no ``--profile``, the machine picks it: ``cpu`` with no CUDA device, else by the first GPU's
+name and memory (H200 ``h200``, B200 ``b200``, GB10 ``spark``, a 24 GB card ``24gb``, any other
+``gpu``); ``--hardware`` names the class the results are filed under.
 """
 
 from __future__ import annotations
@@ -24,27 +26,31 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import compare, context, decode, estimate, grpo, machine, report, tables
+from benchmarks import compare, context, decode, devices, estimate, grpo, machine, report, tables
 from benchmarks import profile as profiles
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results" / "runs"
 
 
-def cuda_device() -> str | None:
-    """The first CUDA device's name, or None (also when torch is not installed)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+def detect(nvml: object = None) -> tuple[str, str | None, str]:
+    """(profile, hardware class or None for the profile's own, what was seen) for this machine: from
+    the first visible CUDA device's name and memory (NVML, no CUDA context), else ``cpu``."""
+    gpus = devices.visible(devices.describe(devices.load_nvml() if nvml is None else nvml))
+    if not gpus:
+        return "cpu", None, "no CUDA device (NVML sees none)"
+    first = gpus[0]
+    profile, hardware = devices.classify(first["name"], first["memory_gib"])
+    return profile, hardware, f"CUDA device {first['name']} ({first['memory_gib']:g} GiB, {first['memory_source']})"
 
 
-def default_profile() -> str:
-    device = cuda_device()
-    if device:
-        print(f"CUDA device {device}: no GPU profile is chosen automatically yet; running 'cpu' (pass --profile)")
-    return "cpu"
+def chosen_profile(name: str | None, hardware: str | None, quick: bool = False) -> profiles.Profile:
+    """``--profile`` and ``--hardware`` as given, else this machine's (``detect``)."""
+    if name is None:
+        name, detected, seen = detect()
+        hardware = hardware or detected
+        print(f"{seen}: profile {name}" + (f" on hardware class {hardware}" if hardware else ""))
+    return profiles.load(name, quick=quick, hardware=hardware)
 
 
 def print_environment() -> None:
@@ -57,7 +63,8 @@ def print_environment() -> None:
             print(f"{module} {__import__(module).__version__}")
         except ImportError:
             print(f"{module}: not installed")
-    print(f"CUDA device: {cuda_device() or 'none'}")
+    gpus = devices.describe(devices.load_nvml())
+    print("GPUs: " + (", ".join(f"{g['index']}: {g['name']} {g['memory_gib']:g} GiB" for g in gpus) or "none"))
 
 
 def run_rewards(profile: profiles.Profile, quick: bool, out: Path) -> Path:
@@ -75,7 +82,9 @@ def run_rewards(profile: profiles.Profile, quick: bool, out: Path) -> Path:
         done = subprocess.run(command, cwd=REPO)
         if not partial.exists():
             raise SystemExit(f"reward benchmarks wrote no result (pytest exit {done.returncode})")
-        machine.write_atomically(target, json.loads(partial.read_text()))
+        data = json.loads(partial.read_text())
+        data["grpo_bench"]["complete"] = done.returncode == 0  # a failed row: the file keeps those that ran
+        machine.write_atomically(target, data)
     if done.returncode != 0:
         print(f"warning: pytest exited {done.returncode}; the result file keeps the rows that ran")
     return target
@@ -119,7 +128,9 @@ def parse_levers(text: str) -> profiles.Levers:
             table[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
         except tomllib.TOMLDecodeError:
             table[key.strip()] = value.strip()
-    return profiles._build(profiles.Levers, table, "--levers", partial=True)
+    levers = profiles._build(profiles.Levers, table, "--levers", partial=True)
+    profiles.check_levers(levers, "--levers", "levers")
+    return levers
 
 
 def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -144,11 +155,15 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         print(f"\n{phase}: {est.total(phase) / estimate.GIB:.2f} GiB")
         for term, value in sorted(terms.items(), key=lambda item: -item[1]):
             print(f"  {term:20} {value / estimate.GIB:9.2f} GiB  {est.notes.get(term, '')}")
-    fits = est.peak <= hardware.memory_gib * estimate.GIB
+    fits = est.fits(hardware.memory_gib * estimate.GIB)
     print(
         f"\npeak {est.peak / estimate.GIB:.2f} GiB in {est.peak_phase}: "
         f"{'fits' if fits else 'does NOT fit'} {hardware.memory_gib:g} GiB (predicted)"
     )
+    if est.engine_cannot_start:
+        need = estimate.engine_need(shapes[args.shape], args.dtype, levers, work)
+        share = min(1.0, need.total / (hardware.memory_gib * estimate.GIB))
+        print(f"{est.engine_cannot_start}; vllm_gpu_memory_utilization >= {share:.2f} would hold it")
     return 0
 
 
@@ -185,7 +200,7 @@ def run_compare(args: argparse.Namespace) -> int:
 def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print_environment()
     try:
-        profile = profiles.load(args.profile or default_profile())
+        profile = chosen_profile(args.profile, args.hardware)
     except profiles.ProfileError as error:
         parser.error(str(error))
     if profile.context is None:
@@ -221,12 +236,16 @@ def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespac
     return 0
 
 
+HARDWARE_HELP = "a class of profiles/hardware.toml: the results go under it (default: detected, else the profile's)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser("bench", help="run a profile and write result files")
     bench.add_argument("--profile", help=f"one of: {', '.join(profiles.available())} (default: this hardware's)")
     bench.add_argument("--quick", action="store_true", help="the profile's [quick] overlay: tiny shapes, a smoke run")
+    bench.add_argument("--hardware", help=HARDWARE_HELP)
     bench.add_argument(
         "--only",
         metavar="PATTERN",
@@ -238,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     remake.add_argument("files", nargs="+", type=Path, metavar="FILE")
     search = commands.add_parser("context", help="the max-context search across stacks (nox -s context)")
     search.add_argument("--profile", help="a profile with a [context] table (default: this hardware's)")
-    search.add_argument("--budget-gib", type=float, help="the memory budget (default: the profile's)")
+    search.add_argument("--hardware", help=HARDWARE_HELP)
+    search.add_argument(
+        "--budget-gib", type=float, help="the memory budget in GiB of the device (default: the profile's)"
+    )
     search.add_argument("--shape", help="a shape of profiles/shapes.toml (default: the profile's)")
     search.add_argument("--contenders", help=f"a comma-separated subset of {', '.join(context.CONTENDERS)}")
     search.add_argument(
@@ -288,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print_environment()
     try:
-        profile = profiles.load(args.profile or default_profile(), quick=args.quick)
+        profile = chosen_profile(args.profile, args.hardware, args.quick)
     except profiles.ProfileError as error:
         parser.error(str(error))
     patterns = args.only.split(",") if args.only else []

@@ -18,10 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.estimate import GIB, measured_phases, predict_configuration
+from benchmarks.estimate import GIB, headline_peak, measured_phases, predict_configuration
 from benchmarks.profile import load_hardware, load_shapes
 from benchmarks.report import decode_figure
-from benchmarks.tables import Result, load_results, markdown_head
+from benchmarks.tables import Result, is_complete, load_results, markdown_head
 
 KINDS = ("grpo", "decode", "context", "rewards")
 PHASE_ORDER = ("setup", "rollout", "sleep_wake", "reward", "scoring", "logprob", "forward_backward", "optimizer")
@@ -60,7 +60,8 @@ def resolve_sides(arguments: list[str], results_dir: Path) -> list[Side]:
                 raise ValueError(f"{argument}: not a grpo-bench result file (kind {kind!r})")
             match = [r for r in results if (results_dir / r.path).resolve() == path.resolve()]
             result = match[0] if match else Result(argument, data, kind, "", data.get("started", "")[:10])
-            sides.append(Side(path.stem, {kind: result}))
+            label = path.stem if is_complete(data, kind) else f"{path.stem} (incomplete: ended early)"
+            sides.append(Side(label, {kind: result}))
         elif argument in newest:
             sides.append(Side(argument, newest[argument]))
         else:
@@ -72,8 +73,8 @@ def resolve_sides(arguments: list[str], results_dir: Path) -> list[Side]:
 
 
 def _comparable(result: Result) -> bool:
-    """A file with something to compare: not --quick; for GRPO, a configuration that ran."""
-    if result.data.get("quick"):
+    """A file with something to compare: whole, not --quick; for GRPO, a configuration that ran."""
+    if result.data.get("quick") or not result.complete:
         return False
     return result.kind != "grpo" or any(c["status"] == "ok" for c in result.data.get("configurations", []))
 
@@ -88,11 +89,15 @@ def grpo_rows(sides: list[Side]) -> list[str]:
         return []
     names = [list(dict.fromkeys(c["name"] for c in r.data["configurations"])) for _, r in runs]
     common = [n for n in names[0] if all(n in other for other in names[1:])]
+    measures = sorted(
+        {headline_peak(c["summary"])[1] for _, r in runs for c in r.data["configurations"] if c.get("summary")}
+    )
     header = ["configuration"] + [f"{s.label} s/step, peak GiB" for s, _ in runs] + ["ratio s/step, peak"]
     lines = [
         f"GRPO configurations in every side ({len(common)}; shapes: "
         + ", ".join(f"{s.label} {r.data['shape']['name']}" for s, r in runs)
-        + "):",
+        + "); peak: "
+        + "; ".join(measures),
         "",
         *markdown_head(header),
     ]
@@ -107,8 +112,9 @@ def grpo_rows(sides: list[Side]) -> list[str]:
                 peaks.append(None)
                 continue
             speeds.append(summary["step_s_median"])
-            peaks.append(summary["peak_rss_bytes"])
-            cells.append(f"{summary['step_s_median']:.2f}, {summary['peak_rss_bytes'] / GIB:.2f}")
+            peak, _ = headline_peak(summary)
+            peaks.append(peak)
+            cells.append(f"{summary['step_s_median']:.2f}, {peak / GIB:.2f}")
         ratio = f"{_ratio(speeds[-1], speeds[0])}, {_ratio(peaks[-1], peaks[0])}"
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} |")
     return lines + [""]
@@ -226,11 +232,12 @@ def memory_by_phase_figure(side: Side, path: Path) -> None:
         if record["status"] != "ok" or not steps:
             continue
         step = steps[-1]
+        peaks = step.get("peak_device_bytes") or step["peak_rss_bytes"]  # device memory on CUDA
         elapsed, xs, ys = 0.0, [], []
         for phase in PHASE_ORDER:
-            if phase in step["phase_s"] and phase in step["peak_rss_bytes"]:
+            if phase in step["phase_s"] and phase in peaks:
                 xs += [elapsed, elapsed + step["phase_s"][phase]]
-                ys += [step["peak_rss_bytes"][phase] / GIB] * 2
+                ys += [peaks[phase] / GIB] * 2
                 elapsed += step["phase_s"][phase]
         axes.plot(xs, ys, label=f"{number}")
     axes.set(xlabel="seconds into the step (phases in order, exclusive time)", ylabel="peak GiB in the phase")

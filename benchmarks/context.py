@@ -66,10 +66,15 @@ CONTENDERS = {
         {"cpu": "row-chunked", "cuda": "liger"},
         {},
     ),
+    # TRL 1.16 has no Liger GRPO loss: `use_liger_kernel=True` applies Liger's layer kernels (RMSNorm,
+    # RoPE, SwiGLU) and turns Liger's fused linear cross-entropy off, keeping TRL's own fused LM head
+    # (trl/trainer/grpo_trainer.py, "only its layer kernels are applied"). So this contender measures
+    # Liger's layer kernels on top of TRL 1.16's tiled head, and its logits path is TRL's.
     "trl-1.16-liger": Contender(
         "trl",
-        "TRL 1.16 with Liger's fused linear GRPO loss",
-        {"cpu": "liger", "cuda": "liger"},
+        "TRL 1.16 with Liger's layer kernels (RMSNorm, RoPE, SwiGLU); the loss is TRL's own fused LM head "
+        "(TRL 1.16 has no Liger GRPO loss)",
+        {"cpu": "trl-tiled", "cuda": "trl-tiled"},
         {"use_liger_kernel": True},
         needs_cuda="Liger's kernels are Triton GPU kernels (no CPU backend)",
     ),
@@ -167,7 +172,7 @@ def _probe_record(length: int, record: dict, predicted_peak: int, wall_s: float)
         "step_s": step.get("wall_s"),
         "phase_s": step.get("phase_s"),
         "wall_s": wall_s,
-        **({"log_tail": record["log_tail"]} if "log_tail" in record else {}),
+        **{key: record[key] for key in ("device", "log_tail") if key in record},
     }
 
 
@@ -203,7 +208,7 @@ def run_contender(
         "warmup_steps": 0,
         "measured_steps": 1,
         "prompt_words": settings.prompt_words,
-        "memory_fraction": min(1.0, settings.budget_gib / hardware.memory_gib) if cuda else None,
+        "memory_budget_bytes": budget if cuda else None,  # the worker: this over the device's own total
     }
 
     def fits(length: int) -> bool:
@@ -211,7 +216,13 @@ def run_contender(
         work = Workload(levers.per_device_train_batch_size, settings.prompt_words, length)
         predicted = estimate(shape, settings.dtype, levers, work, hardware, entry["logits_path"]).peak
         started = time.monotonic()
-        record = run_configuration(job, None if cuda else budget, logs / f"{name}-{length}.log", python=python)
+        record = run_configuration(
+            job,
+            None if cuda else budget,
+            logs / f"{name}-{length}.log",
+            python=python,
+            timeout_s=settings.probe_timeout_s,
+        )
         probe = _probe_record(length, record, predicted, time.monotonic() - started)
         entry["probes"].append(probe)
         entry.setdefault("versions", record.get("versions"))
@@ -332,7 +343,8 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
         "search": {
             **asdict(settings),
             "searched": f"completion length, prompt fixed at {settings.prompt_words} tokens",
-            "budget_enforced_by": "torch.cuda.set_per_process_memory_fraction"
+            "budget_enforced_by": f"torch.cuda.set_per_process_memory_fraction: {settings.budget_gib:g} GiB of the "
+            "device in use over the total it reports (each probe's device)"
             if cuda
             else "peak RSS of the worker and its children, sampled every 20 ms; a tree over it is stopped",
             "completions_per_step": settings.levers.per_device_train_batch_size,
@@ -341,7 +353,7 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
         "contenders": [],
     }
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as logs:
+    with tempfile.TemporaryDirectory() as logs, machine.marked_incomplete(path, result):
         for name in settings.contenders:
             print(f"{name}: {CONTENDERS[name].role}", flush=True)
             entry = run_contender(name, pythons.get(name), settings, model_dir, hardware, cuda, Path(logs))
@@ -350,19 +362,18 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
             result["contenders"].append(entry)
             result["finished"] = machine.now()
             machine.write_atomically(path, result)
-    table = ratios(result["contenders"])
-    result["ratios"] = table
-    result["verdict"] = verdict(result["contenders"], table, cuda)
-    result["prediction"] = {
-        entry["name"]: logits_share(settings, hardware, entry["max_completion_tokens"], entry["logits_path"])
-        for entry in result["contenders"]
-        if entry.get("max_completion_tokens")
-    }
-    wall = time.monotonic() - started
-    result["targets"] = [
-        {"claim": "the search finishes within 20 minutes", "measured": wall, "limit": 1200, "met": wall <= 1200}
-    ]
-    machine.write_atomically(path, result)
+        table = ratios(result["contenders"])
+        result["ratios"] = table
+        result["verdict"] = verdict(result["contenders"], table, cuda)
+        result["prediction"] = {
+            entry["name"]: logits_share(settings, hardware, entry["max_completion_tokens"], entry["logits_path"])
+            for entry in result["contenders"]
+            if entry.get("max_completion_tokens")
+        }
+        wall = time.monotonic() - started
+        result["targets"] = [
+            {"claim": "the search finishes within 20 minutes", "measured": wall, "limit": 1200, "met": wall <= 1200}
+        ]
     return path
 
 

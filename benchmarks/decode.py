@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import machine
+from benchmarks import devices, machine
 from benchmarks.bandwidth import ARRAYS_TOUCHED, decode_step_bytes, probe, projections
 from benchmarks.bandwidth import ceiling as ceiling_of
 from benchmarks.grpo import VLLM_CPU_ENV
@@ -66,7 +66,9 @@ def transformers_engine(job: dict) -> Callable[[list[list[int]], int], None]:
 
 
 def vllm_engine(job: dict) -> Callable[[list[list[int]], int], None]:
-    """vLLM ``LLM.generate`` on token ids, in this process, in the job's dtype, eager."""
+    """vLLM ``LLM.generate`` on token ids, in this process, in the job's dtype. On CUDA with CUDA
+    graphs, as TRL's rollouts run (vLLM's default); eager only on CPU, where vllm-cpu has no graphs."""
+    import torch
     from vllm import LLM, SamplingParams
 
     longest = max(context for _, context in job["points"]) + job["new_tokens"] + 8
@@ -74,7 +76,7 @@ def vllm_engine(job: dict) -> Callable[[list[list[int]], int], None]:
         model=job["model_dir"],
         dtype=job["dtype"],
         max_model_len=longest,
-        enforce_eager=True,
+        enforce_eager=not torch.cuda.is_available(),
         gpu_memory_utilization=job.get("gpu_memory_utilization", 0.5),
         skip_tokenizer_init=True,
     )
@@ -92,7 +94,14 @@ ENGINES = {"transformers": transformers_engine, "vllm": vllm_engine}
 
 
 def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], None]) -> None:
+    import torch
+
     new_tokens, repeats = job["new_tokens"], job["repeats"]
+    cuda = torch.cuda.is_available()
+    execution = {
+        "transformers": "eager (transformers generate)",
+        "vllm": "CUDA graphs (vLLM's default, as in TRL's rollouts)" if cuda else "eager (vllm-cpu)",
+    }[job["engine"]]
     for batch, context in job["points"]:
         prompts = [[3 + (i * 7 + j) % (shape.vocab_size - 3) for j in range(context)] for i in range(batch)]
         generate(prompts, 2)  # warm-up at this size
@@ -126,6 +135,7 @@ def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], 
                     },
                     "achieved_gb_s": per_step * new_tokens / decode_s / 1e9,
                     "repeats": repeats,
+                    "execution": execution,
                 }
             ),
             flush=True,
@@ -197,14 +207,22 @@ def run_sweep(profile: Any, model_dir: str, shape: Shape, ceiling: dict, spec_gb
 def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     """The decode part: the device's ceiling, the decode sweep, then the rollout projections;
     returns the result file."""
-    import torch
-
     settings = profile.decode
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if devices.visible(devices.describe(devices.load_nvml())) else "cpu"  # no CUDA context here
     print(
         f"probing {device} memory bandwidth ({settings.probe_array_mib} MiB arrays, {settings.probe_repeats} repeats)"
     )
-    ceiling = probe(device, settings.probe_array_mib << 20, settings.probe_repeats)
+    # In a process of its own: on CUDA the probe's arrays and context leave the device when it ends,
+    # before any worker measures its own memory.
+    job = {
+        "probe": {"device": device, "array_bytes": settings.probe_array_mib << 20, "repeats": settings.probe_repeats}
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.decode"], input=json.dumps(job), capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the bandwidth probe failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    ceiling = json.loads(done.stdout.strip().splitlines()[-1])
     path = out / profile.hardware / f"{machine.stamp()}-decode.json"
     result = {
         **machine.result_header("decode", profile, quick),
@@ -221,11 +239,11 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
         "sweep": [],
     }
     machine.write_atomically(path, result)  # the ceiling is kept even if the sweep breaks
-    shape = load_shapes()[settings.shape]
-    model_dir = str(materialise(shape, settings.dtype))
-    spec = load_hardware()[profile.hardware].spec_bandwidth_gb_s
-    result["sweep"] = run_sweep(profile, model_dir, shape, ceiling, spec)
-    machine.write_atomically(path, result)
+    with machine.marked_incomplete(path, result):
+        shape = load_shapes()[settings.shape]
+        model_dir = str(materialise(shape, settings.dtype))
+        spec = load_hardware()[profile.hardware].spec_bandwidth_gb_s
+        result["sweep"] = run_sweep(profile, model_dir, shape, ceiling, spec)
     return path
 
 
@@ -241,6 +259,9 @@ def print_decode_summary(path: Path) -> None:
 
 def main() -> None:
     job = json.loads(sys.stdin.read())
+    if "probe" in job:
+        print(json.dumps(probe(**job["probe"])))
+        return
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     shape = Shape(**job["shape"])
     measure(job, shape, ENGINES[job["engine"]](job))

@@ -20,6 +20,8 @@ from benchmarks.shapes import Shape
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# AdamW in 32 bits (torch) and in 8 bits (bitsandbytes): the optimizers whose states the model counts.
+MODELLED_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit")
 NF4_BYTES_PER_PARAM = 0.516  # 4-bit NF4 with double quantisation (QLoRA paper, 4.127 bits + scales)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # "all-linear"
 # The logits path of the loss, by stack:
@@ -40,6 +42,10 @@ LIGER_CHUNK_COMPLETIONS = 1
 # profile's workers seen here, 0.79 GiB, with the weights still mapped lazily); on CUDA the context and
 # the allocator's slack.
 RUNTIME_BYTES = {"cpu": int(0.8 * GIB), "cuda": int(1.0 * GIB)}
+# vLLM's own needs beside weights and KV cache on CUDA: the CUDA context, the activations of its
+# start-up profile run (max_num_batched_tokens) and CUDA graphs. An assumption, not measured by this
+# suite yet: a GPU run's engine start replaces it.
+VLLM_OVERHEAD_BYTES = 2 * GIB
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class Estimate:
 
     phases: dict[str, dict[str, int]] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
+    engine_cannot_start: str | None = None  # why a colocated vLLM engine could not start, if it could not
 
     def add(self, phase: str, term: str, value: float, note: str = "") -> None:
         self.phases.setdefault(phase, {})[term] = int(value)
@@ -77,6 +84,44 @@ class Estimate:
     @property
     def peak_phase(self) -> str:
         return max(self.phases, key=self.total)
+
+    def fits(self, capacity_bytes: float) -> bool:
+        """Within ``capacity_bytes`` at its peak, and every engine it needs can start."""
+        return self.engine_cannot_start is None and self.peak <= capacity_bytes
+
+
+@dataclass(frozen=True)
+class EngineNeed:
+    """What a colocated vLLM engine must hold to start (vLLM refuses to start otherwise): its weights
+    in its own precision, the KV cache of one rollout, and its own overheads."""
+
+    weights: int
+    kv_cache: int
+    overhead: int
+    precision: str
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.overhead
+
+
+def engine_need(shape: Shape, dtype: str, levers: Levers, work: Workload) -> EngineNeed:
+    """The engine as vLLM sizes it on CUDA. TRL 1.16 starts it with bitsandbytes 4-bit when the policy
+    is 4-bit (QLoRA), else in the model's dtype; its KV cache must hold the rollout's sequences at
+    ``vllm_max_model_length`` (unset: the workload's prompt + completion)."""
+    b = DTYPE_BYTES[dtype]
+    if levers.model == "qlora":
+        weights, precision = qlora_weight_bytes(shape, b), "4-bit NF4 (bitsandbytes, as TRL starts it for QLoRA)"
+    else:
+        weights, precision = shape.param_count() * b, dtype
+    length = levers.vllm_max_model_length or work.prompt_tokens + work.completion_tokens
+    kv = kv_bytes_per_token(shape, b) * work.completions * length
+    return EngineNeed(int(weights), kv, VLLM_OVERHEAD_BYTES, precision)
+
+
+def qlora_weight_bytes(shape: Shape, b: int) -> float:
+    embedding = shape.vocab_size * shape.hidden_size
+    return (shape.param_count() - embedding) * NF4_BYTES_PER_PARAM + embedding * b
 
 
 def lora_params(shape: Shape, rank: int) -> int:
@@ -131,6 +176,10 @@ def estimate(
     """Predicted bytes per term for one GRPO step of ``shape`` under ``levers`` on ``hardware``."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype {dtype!r}: one of {', '.join(DTYPE_BYTES)}")
+    if levers.optim not in MODELLED_OPTIMIZERS:
+        raise ValueError(
+            f"optim {levers.optim!r}: the model counts AdamW's states only ({', '.join(MODELLED_OPTIMIZERS)})"
+        )
     b = DTYPE_BYTES[dtype]
     cuda = hardware.size_class != "cpu"
     est = Estimate()
@@ -138,7 +187,7 @@ def estimate(
     embedding = shape.vocab_size * shape.hidden_size
     peft = levers.model in ("lora", "qlora")
     if levers.model == "qlora":
-        weights = (params - embedding) * NF4_BYTES_PER_PARAM + embedding * b
+        weights = qlora_weight_bytes(shape, b)
         weights_note = "NF4 base (0.516 B/param), embeddings 16-bit"
     else:
         weights, weights_note = params * b, f"{params / 1e9:.2f}B params x {b} B"
@@ -192,11 +241,25 @@ def estimate(
     est.add("training", "logits", logits_bytes(logits_path, shape, work, b, cuda), f"logits path: {logits_path}")
 
     if levers.use_vllm:
-        if cuda:
+        if cuda and levers.vllm_mode == "server":
+            est.add("rollout", "vllm", 0, "server mode: the engine runs on GPUs of its own, not the trainer's")
+        elif cuda:
             reserved = levers.vllm_gpu_memory_utilization * hardware.memory_gib * GIB
-            note = "vllm_gpu_memory_utilization x device memory: weights + KV cache"
+            need = engine_need(shape, dtype, levers, work)
+            note = (
+                f"vllm_gpu_memory_utilization x device memory; holds {need.precision} weights "
+                f"{need.weights / GIB:.1f} GiB + one rollout's KV {need.kv_cache / GIB:.1f} GiB + overheads "
+                f"{need.overhead / GIB:.1f} GiB (assumed)"
+            )
+            if reserved < need.total:
+                est.engine_cannot_start = (
+                    f"engine cannot start: its share ({levers.vllm_gpu_memory_utilization:g} x "
+                    f"{hardware.memory_gib:g} GiB = {reserved / GIB:.1f} GiB) is less than its {need.precision} "
+                    f"weights ({need.weights / GIB:.1f} GiB), one rollout's KV cache ({need.kv_cache / GIB:.2f} GiB) "
+                    f"and vLLM's overheads ({need.overhead / GIB:.1f} GiB, assumed): {need.total / GIB:.1f} GiB"
+                )
             if levers.vllm_enable_sleep_mode:
-                note += "; sleep level 1 frees it outside the rollout"
+                note += "; sleep mode (TRL 1.16: level 2) frees weights and KV outside the rollout"
                 est.add("rollout", "vllm", reserved, note)
             else:
                 for phase in ("rollout", "training"):
@@ -224,16 +287,22 @@ def estimate(
 TRAINING_PHASES = ("logprob", "forward_backward", "optimizer")
 
 
+def headline_peak(summary: dict) -> tuple[int, str]:
+    """A measured configuration's peak and what it measures: device memory on CUDA, host RSS on CPU
+    (schema 1 files, all from CPU runs: host RSS)."""
+    if "peak_bytes" in summary:
+        return summary["peak_bytes"], summary["peak_measure"]
+    return summary["peak_rss_bytes"], "peak RSS of the worker and its children (host memory)"
+
+
+def peak_by_phase(summary: dict) -> dict[str, int]:
+    return summary.get("peak_bytes_by_phase", summary.get("peak_rss_bytes_by_phase", {}))
+
+
 def measured_phases(record: dict) -> dict[str, int]:
-    """A measured configuration's peaks in the model's phases: on CUDA NVML's device memory used
-    (vLLM and the context included), else the worker tree's RSS."""
-    summary = record.get("summary") or {}
-    steps = [s for s in record.get("steps", []) if not s.get("warmup")] or record.get("steps", [])
-    device = {}
-    for step in steps:
-        for phase, value in step.get("peak_device_used_bytes", {}).items():
-            device[phase] = max(device.get(phase, 0), value)
-    by_phase = device or summary.get("peak_rss_bytes_by_phase", {})
+    """A measured configuration's peaks in the model's phases: on CUDA the device memory of the
+    run's processes (vLLM and the context included), else the worker tree's RSS."""
+    by_phase = peak_by_phase(record.get("summary") or {})
     out = {}
     if "rollout" in by_phase:
         out["rollout"] = by_phase["rollout"]

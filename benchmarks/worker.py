@@ -49,7 +49,9 @@ class Phases:
         self.cuda = cuda
         self.stack: list[str] = []
         self.seconds: dict[str, float] = defaultdict(float)
-        self.cuda_peaks: dict[str, dict[str, int]] = defaultdict(lambda: {"allocated": 0, "reserved": 0})
+        self.cuda_peaks: dict[str, dict[str, int]] = defaultdict(
+            lambda: {"allocated": 0, "reserved": 0, "device_used_at_end": 0}
+        )
         self.since = time.perf_counter()
 
     @property
@@ -57,18 +59,20 @@ class Phases:
         return self.stack[-1] if self.stack else None
 
     def _switch(self, to: str | None) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()  # the GPU work queued in this phase is this phase's, in time and memory
         now = time.perf_counter()
         if self.current is not None:
             self.seconds[self.current] += now - self.since
             if self.cuda:
-                import torch
-
+                free, total = torch.cuda.mem_get_info()  # the device as the driver sees it, vLLM's memory included
                 peaks = self.cuda_peaks[self.current]
                 peaks["allocated"] = max(peaks["allocated"], torch.cuda.max_memory_allocated())
                 peaks["reserved"] = max(peaks["reserved"], torch.cuda.max_memory_reserved())
+                peaks["device_used_at_end"] = max(peaks["device_used_at_end"], total - free)
         if self.cuda:
-            import torch
-
             torch.cuda.reset_peak_memory_stats()
         self.since = now
         report(self.channel, event="phase", phase=to or "idle")
@@ -142,9 +146,9 @@ def skip_reason(job: dict, cuda: bool) -> str | None:
 
 
 @contextlib.contextmanager
-def vllm_server(model_dir: str, levers: dict, log_path: str) -> Iterator[int]:
-    """``trl vllm-serve`` on 127.0.0.1 for server mode: started here (so that its memory is
-    the worker's children's), waited for on ``/health``, stopped by its process group."""
+def vllm_server(model_dir: str, levers: dict, server_devices: list[str], log_path: str) -> Iterator[int]:
+    """``trl vllm-serve`` on 127.0.0.1 for server mode, on ``server_devices``: started here (so that
+    its memory is the worker's children's), waited for on ``/health``, stopped by its process group."""
     import socket
     import subprocess
     import urllib.request
@@ -154,8 +158,11 @@ def vllm_server(model_dir: str, levers: dict, log_path: str) -> Iterator[int]:
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "trl.cli.main", "vllm-serve", "--model", model_dir, "--host", "127.0.0.1"]
     command += ["--port", str(port), "--gpu_memory_utilization", str(levers["vllm_gpu_memory_utilization"])]
+    command += ["--max_model_len", str(levers["vllm_max_model_length"])]
+    # On GPUs of its own (the harness split them): its NCCL rank must not share the trainer's device.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(server_devices)}
     with open(log_path, "w") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + 600
         while True:
@@ -272,6 +279,7 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
         vllm_mode=levers["vllm_mode"],
         vllm_enable_sleep_mode=levers["vllm_enable_sleep_mode"],
         vllm_gpu_memory_utilization=levers["vllm_gpu_memory_utilization"],
+        vllm_max_model_length=levers["vllm_max_model_length"],
         **({"vllm_server_host": "127.0.0.1", "vllm_server_port": server_port} if server_port else {}),
         beta=levers["beta"],
         num_generations=levers["num_generations"],
@@ -393,6 +401,20 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)) or "out of memory" in str(error).lower()
 
 
+# What vLLM 0.32 raises when its share of the device cannot hold its weights and the KV cache of one
+# sequence of max_model_len (vllm/v1/core/kv_cache_utils.py, vllm/v1/worker/utils.py).
+ENGINE_CANNOT_START = (
+    "No available memory for the cache blocks",
+    "larger than the available KV cache memory",
+    "is less than desired GPU memory utilization",
+)
+
+
+def engine_cannot_start(error: BaseException) -> bool:
+    text = f"{error!r} {error.__cause__!r}"
+    return any(marker in text for marker in ENGINE_CANNOT_START)
+
+
 def run(job: dict, channel: TextIO) -> None:
     if job.get("stack") == "unsloth":
         import unsloth  # noqa: F401  (before transformers and TRL, which it patches)
@@ -405,21 +427,33 @@ def run(job: dict, channel: TextIO) -> None:
     if reason:
         report(channel, event="skipped", reason=reason)
         return
-    if cuda and job.get("memory_fraction"):
-        torch.cuda.set_per_process_memory_fraction(job["memory_fraction"])
+    if cuda:  # the parent headlines device memory only for a worker that ran on the device
+        total = torch.cuda.mem_get_info()[1]
+        budget: dict[str, Any] = {}
+        if job.get("memory_budget_bytes"):
+            fraction = min(1.0, job["memory_budget_bytes"] / total)
+            torch.cuda.set_per_process_memory_fraction(fraction)
+            budget = {"budget_bytes": min(job["memory_budget_bytes"], total), "fraction": fraction}
+        report(channel, event="device", name=torch.cuda.get_device_name(0), total_bytes=total, **budget)
     phases = Phases(channel, cuda)
     server = job["levers"]["use_vllm"] and job["levers"]["vllm_mode"] == "server"
     with tempfile.TemporaryDirectory() as output_dir, contextlib.ExitStack() as stack:
         try:
             with phases.phase("setup"):
                 port = (
-                    stack.enter_context(vllm_server(job["model_dir"], job["levers"], f"{output_dir}/server.log"))
+                    stack.enter_context(
+                        vllm_server(job["model_dir"], job["levers"], job["server_devices"], f"{output_dir}/server.log")
+                    )
                     if server
                     else None
                 )
                 trainer = build_trainer(job, phases, cuda, output_dir, port)
             trainer.train()
         except BaseException as error:
+            if engine_cannot_start(error):
+                reason = f"engine cannot start: {str(error)[:400]}"
+                report(channel, event="oom", phase="engine_start", reason=reason, error=str(error)[:500])
+                return
             if is_out_of_memory(error):
                 report(channel, event="oom", phase=phases.current or "setup", error=str(error)[:500])
                 return

@@ -74,6 +74,7 @@ warmup_steps = 1
 measured_steps = 2
 prompt_words = 8
 memory_budget_gib = 4.0
+configuration_timeout_s = 60
 [grpo.levers]
 num_generations = 2
 [grpo.matrix]
@@ -104,7 +105,22 @@ def test_a_grpo_matrix_runs_every_combination_then_each_extra(profile_dir):
         (("optim = [", "optimizer = ["), r"grpo.matrix\[0\].: unknown key grpo.matrix\[0\].optimizer|unknown key"),
         (('shape = "tiny"', 'shape = "13b"'), r"grpo.shape: '13b' is not in profiles/shapes.toml"),
         (("num_generations = 2", "num_generations = 2.5"), r"grpo.levers.num_generations: expected int"),
-        (('model = "lora"', 'model = "dora"'), r"model 'dora' is not one of"),
+        (('model = "lora"', 'model = "dora"'), r"grpo.extra\[0\].model: 'dora' is not one of full, lora, qlora"),
+        # a typo of adamw_8bit: named with the file's key, the close names and every allowed value
+        (
+            ('optim = ["adamw_torch", "adamw_8bit"]', 'optim = ["adamw_torch", "adamw8bit"]'),
+            r"grpo.matrix.optim\[1\]: 'adamw8bit' is not one of TRL's optimizers .*did you mean adamw_8bit.*"
+            r"allowed: adamw_torch, ",
+        ),
+        (("memory_budget_gib = 4.0", "memory_budget_gib = -3"), r"grpo.memory_budget_gib: must be positive, got -3"),
+        (("configuration_timeout_s = 60", "configuration_timeout_s = 0"), r"grpo.configuration_timeout_s: must be"),
+        (("num_generations = 2", "num_generations = 3"), r"per_device_train_batch_size 4 is not a multiple of"),
+        (("num_generations = 2", "num_generations = 2\nmax_completion_length = 0"), r"max_completion_length: 0 is"),
+        (
+            ("num_generations = 2", "num_generations = 2\nvllm_gpu_memory_utilization = 1.5"),
+            r"grpo.levers.vllm_gpu_memory_utilization: 1.5 is not a fraction in \(0, 1\]",
+        ),
+        (('model = "lora"', 'vllm_mode = "remote"'), r"grpo.extra\[0\].vllm_mode: 'remote' is not one of colocate"),
         (('dtype = "float32"', 'dtype = "fp8"'), r"grpo.dtype: 'fp8'"),
         (("use_vllm = [false, true]", 'use_vllm = ["yes"]'), r"use_vllm: expected bool"),
     ],
@@ -113,6 +129,19 @@ def test_a_bad_grpo_table_is_an_error_naming_the_key(profile_dir, change, messag
     (profile_dir / "mine.toml").write_text(GRPO.replace(*change))
     with pytest.raises(profiles.ProfileError, match=message):
         profiles.load("mine", directory=profile_dir)
+
+
+def test_the_optimizer_names_are_transformers_own():
+    training_args = pytest.importorskip("transformers.training_args")
+    assert set(profiles.OPTIMIZERS) == {o.value for o in training_args.OptimizerNames}
+
+
+def test_estimate_refuses_a_mistyped_lever_naming_it(capsys):
+    from benchmarks import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["estimate", "--shape", "0.5b", "--hardware", "h100", "--levers", "optim=adamw8bit"])
+    assert "optim: 'adamw8bit' is not one of TRL's optimizers" in capsys.readouterr().err
 
 
 def test_lever_names_are_trl_grpo_config_fields():
@@ -140,6 +169,7 @@ shape = "tiny"
 dtype = "float32"
 budget_gib = 4.0
 prompt_words = 8
+probe_timeout_s = 60
 start_tokens = 16
 max_tokens = 64
 resolution = 0.125

@@ -49,9 +49,7 @@ def test_rewards_files_keep_statistics_without_rounds_and_pytest_benchmark_compa
     assert done.returncode == 0 and "Median" in done.stdout, done.stderr[-2000:]
 
 
-def test_a_result_file_is_written_0644_with_the_machines_paths_cut_down(tmp_path):
-    os.umask(0o077)  # as tight as a user's umask may be: the file is for others to read
-    target = tmp_path / "runs" / "x-grpo.json"
+def write_sample(target: Path) -> None:
     machine.write_atomically(
         target,
         {
@@ -61,6 +59,15 @@ def test_a_result_file_is_written_0644_with_the_machines_paths_cut_down(tmp_path
             "kept": "http://127.0.0.1:8000/health/ and /proc/meminfo, 1/2 of s/step",
         },
     )
+
+
+def test_a_result_file_is_written_0644_with_the_machines_paths_cut_down(tmp_path):
+    previous = os.umask(0o077)  # as tight as a user's umask may be: the file is for others to read
+    target = tmp_path / "runs" / "x-grpo.json"
+    try:
+        write_sample(target)
+    finally:
+        os.umask(previous)
     assert target.stat().st_mode & 0o777 == 0o644
     data = json.loads(target.read_text())
     assert data["log"] == 'File "<repo>/benchmarks/worker.py", line 3; File "<site-packages>/trl/x.py"'

@@ -28,6 +28,7 @@ def grpo_file(directory, hardware, shape, started="2026-12-01T10:00:00+00:00", s
     }
     data = {
         "kind": "grpo",
+        "complete": True,
         "started": started,
         "quick": False,
         "profile": {"hardware": hardware, "grpo": {"prompt_words": 128, "dtype": "bfloat16"}},
@@ -50,20 +51,62 @@ def sizing_row(directory, shape):
 def test_a_measured_cell_names_its_file_and_goes_back_to_predicted_when_the_file_goes(tmp_path):
     path = grpo_file(tmp_path, "h200", "32b")
     _, row = sizing_row(tmp_path, "32b")
-    cell = row["H200-class (141 GB)"]
+    cell = row["H200-class (140.4 GiB)"]
     assert "measured" in cell and path.name in cell and "2026-12-01" in cell and "100.0 GiB" in cell
-    assert "predicted" in row["B200-class (180 GB)"]  # no file for it
+    assert "predicted" in row["B200-class (179.06 GiB)"]  # no file for it
 
     path.unlink()
     grpo_file(tmp_path, "cpu", "0.5b")  # something else, so the directory is not empty
     _, row = sizing_row(tmp_path, "32b")
-    assert "predicted" in row["H200-class (141 GB)"] and "measured" not in row["H200-class (141 GB)"]
+    assert "predicted" in row["H200-class (140.4 GiB)"] and "measured" not in row["H200-class (140.4 GiB)"]
+
+
+def test_a_run_that_ended_early_is_never_cited_as_a_measurement(tmp_path):
+    results = tmp_path / "runs"
+    path = grpo_file(results, "h200", "32b", started="2026-12-05T10:00:00+00:00")
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "complete": False, "ended_early": "signal SIGTERM at ..."}))
+    built = tables.build(tables.load_results(results))
+    row = next(line for line in built["sizing"].splitlines() if line.startswith("| 32b "))
+    assert "measured" not in row and path.name not in row
+    written = tables.write_tables(results, tmp_path / "tables")
+    sizing = next(p for p in written if p.name == "sizing.md").read_text()
+    assert "Last verified: never" in sizing and f"left out, ended early: h200/{path.name}" in sizing
+    grpo_file(results, "cpu", "0.5b")  # a whole one, to compare against
+    with pytest.raises(
+        ValueError, match=r"h200: neither a result file nor a hardware class with results \(classes: cpu\)"
+    ):
+        compare.resolve_sides(["h200", "cpu"], results)  # h200's only file is not comparable
+    sides = compare.resolve_sides([str(path), "cpu"], results)  # named as a file, it says what it is
+    assert sides[0].label.endswith("(incomplete: ended early)")
+
+
+def test_a_schema_1_file_is_whole_only_when_it_reached_its_last_field():
+    assert tables.is_complete({"kind": "grpo", "configurations": [], "targets": []}, "grpo")
+    assert not tables.is_complete({"kind": "grpo", "configurations": []}, "grpo")  # killed mid-run
+    assert not tables.is_complete({"kind": "context", "contenders": []}, "context")
+    assert tables.is_complete({"grpo_bench": {"kind": "rewards"}, "benchmarks": []}, "rewards")
+    assert not tables.is_complete({"grpo_bench": {"kind": "rewards", "complete": False}}, "rewards")
+
+
+def test_a_cuda_run_is_headlined_by_device_memory_not_host_rss(tmp_path):
+    path = grpo_file(tmp_path, "h200", "32b", peak_gib=3.0)  # host RSS: 3 GiB
+    data = json.loads(path.read_text())
+    summary = data["configurations"][0]["summary"]
+    summary.update(peak_bytes=int(90 * GIB), peak_measure="device memory held by the worker's processes (NVML)")
+    summary["peak_bytes_by_phase"] = {"rollout": int(60 * GIB), "forward_backward": int(90 * GIB)}
+    path.write_text(json.dumps(data))
+    _, row = sizing_row(tmp_path, "32b")
+    assert "90.0 GiB device" in row["H200-class (140.4 GiB)"]
+    from benchmarks.estimate import measured_phases
+
+    assert measured_phases(data["configurations"][0]) == {"rollout": int(60 * GIB), "training": int(90 * GIB)}
 
 
 def test_a_run_that_ran_out_of_memory_is_a_measured_does_not_fit(tmp_path):
     grpo_file(tmp_path, "h200", "72b", status="oom")
     _, row = sizing_row(tmp_path, "72b")
-    assert row["H200-class (141 GB)"].startswith("does not fit") and "measured" in row["H200-class (141 GB)"]
+    assert row["H200-class (140.4 GiB)"].startswith("does not fit") and "measured" in row["H200-class (140.4 GiB)"]
 
 
 def test_a_new_gpu_class_gets_a_column(tmp_path):
@@ -72,14 +115,14 @@ def test_a_new_gpu_class_gets_a_column(tmp_path):
     assert "H100-class" not in header and "24GB-class" in header and "B200-class" in header
     grpo_file(tmp_path, "h100", "7b")
     header, row = sizing_row(tmp_path, "7b")
-    assert "H100-class (80 GB)" in header and "measured" in row["H100-class (80 GB)"]
+    assert "H100-class (79.65 GiB)" in header and "measured" in row["H100-class (79.65 GiB)"]
 
 
 def test_the_newest_file_of_a_class_and_size_class_wins(tmp_path):
     grpo_file(tmp_path, "h200", "32b", started="2026-12-01T10:00:00+00:00", peak_gib=100.0)
     grpo_file(tmp_path, "h200", "32b", started="2026-12-02T10:00:00+00:00", peak_gib=120.0, name="b")
     _, row = sizing_row(tmp_path, "32b")
-    assert "120.0 GiB" in row["H200-class (141 GB)"] and "2026-12-02" in row["H200-class (141 GB)"]
+    assert "120.0 GiB" in row["H200-class (140.4 GiB)"] and "2026-12-02" in row["H200-class (140.4 GiB)"]
 
 
 def test_every_table_is_written_with_the_newest_date_and_a_document_is_rewritten_between_markers(tmp_path):
@@ -137,10 +180,48 @@ def test_compare_puts_matching_configurations_side_by_side_with_ratios_and_draws
         compare.resolve_sides(["a100", "h200"], results)
 
 
+def test_estimate_never_fits_an_engine_that_cannot_hold_its_weights(capsys):
+    # 14B with LoRA and checkpointing fits an 80 GB card by its training peak, but TRL's default share
+    # (0.3 x 79.65 GiB = 23.9 GiB) cannot hold the bf16 engine's 27.5 GiB of weights
+    levers = "model=lora,gradient_checkpointing=true,use_vllm=true"
+    assert main(["estimate", "--shape", "14b", "--hardware", "h100", "--levers", levers]) == 0
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and "engine cannot start" in out and "bfloat16 weights (27.5 GiB)" in out
+    assert "vllm_gpu_memory_utilization >= 0.39 would hold it" in out
+    assert (
+        main(
+            [
+                "estimate",
+                "--shape",
+                "14b",
+                "--hardware",
+                "h100",
+                "--levers",
+                f"{levers},vllm_gpu_memory_utilization=0.4",
+            ]
+        )
+        == 0
+    )
+    assert "engine cannot start" not in capsys.readouterr().out
+
+
+def test_a_qlora_engine_is_sized_in_4_bit_as_trl_starts_it():
+    from benchmarks.estimate import Workload, engine_need
+    from benchmarks.profile import load_shapes
+
+    shape, work = load_shapes()["70b"], Workload(8, 256, 1024)
+    bf16 = engine_need(shape, "bfloat16", Levers(use_vllm=True, model="lora"), work)
+    nf4 = engine_need(shape, "bfloat16", Levers(use_vllm=True, model="qlora"), work)
+    assert bf16.weights / GIB > 130 and nf4.weights / GIB < 40 and "4-bit" in nf4.precision
+    unset = engine_need(shape, "bfloat16", Levers(use_vllm=True), work)
+    longer = engine_need(shape, "bfloat16", Levers(use_vllm=True, vllm_max_model_length=131072), work)
+    assert longer.kv_cache == unset.kv_cache * 131072 // (256 + 1024)  # KV for the engine's whole context
+
+
 def test_estimate_prints_the_breakdown_and_whether_it_fits(capsys):
     assert main(["estimate", "--shape", "0.5b", "--hardware", "rtx4090", "--levers", "optim=adamw_8bit"]) == 0
     out = capsys.readouterr().out
-    assert "optimizer_state" in out and "fits 24 GiB (predicted)" in out
+    assert "optimizer_state" in out and "fits 23.99 GiB (predicted)" in out
     assert main(["estimate", "--shape", "72b", "--hardware", "rtx4090"]) == 0
     assert "does NOT fit" in capsys.readouterr().out
     with pytest.raises(SystemExit):

@@ -1,0 +1,171 @@
+"""GPUs as the harness sees them from the parent process, through NVML (never a CUDA context of
+its own): which devices there are, which profile and hardware class they are, which of them a
+worker uses, and how much device memory the worker's processes hold.
+
+Every function takes the NVML module (``pynvml`` from nvidia-ml-py, or a stand-in in tests).
+Device memory of a run is read two ways and both are kept:
+
+- per process: NVML's ``usedGpuMemory`` of each process of the worker tree (vLLM's engine
+  included, which lives outside torch's allocator), on the devices the worker uses;
+- per device: memory used on those devices minus what was used before the worker started, for
+  where NVML lists no process of ours (a container that hides host PIDs).
+
+On unified-memory devices (DGX Spark's GB10) NVML answers NOT_SUPPORTED for memory: the device's
+capacity is then ``/proc/meminfo``'s MemTotal and its use MemTotal - MemAvailable, and the
+result file says so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GIB = 2**30
+MEMINFO = Path("/proc/meminfo")
+UNIFIED = "unified memory: /proc/meminfo (NVML answers NOT_SUPPORTED for this device's memory)"
+
+
+def load_nvml() -> Any | None:
+    """pynvml, initialised; None without the library or a driver."""
+    try:
+        import pynvml
+    except ImportError:  # nvidia-ml-py comes with the worker extra; without it there is no NVML to read
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:  # no driver, no device
+        return None
+    return pynvml
+
+
+def meminfo_bytes(path: Path = MEMINFO) -> tuple[int, int]:
+    """(MemTotal, MemTotal - MemAvailable) in bytes."""
+    fields = dict(re.findall(r"^(\w+):\s+(\d+) kB", path.read_text(), re.MULTILINE))
+    total = int(fields["MemTotal"]) * 1024
+    return total, total - int(fields["MemAvailable"]) * 1024
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def describe(nvml: Any, meminfo: Path = MEMINFO) -> list[dict[str, Any]]:
+    """Every GPU NVML sees: index, name, UUID, memory (GiB) and where that figure comes from, driver."""
+    if nvml is None:
+        return []
+    driver = _text(nvml.nvmlSystemGetDriverVersion())
+    found = []
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        try:
+            memory, source = nvml.nvmlDeviceGetMemoryInfo(handle).total, "NVML"
+        except nvml.NVMLError_NotSupported:
+            memory, source = meminfo_bytes(meminfo)[0], UNIFIED
+        found.append(
+            {
+                "index": index,
+                "name": _text(nvml.nvmlDeviceGetName(handle)),
+                "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
+                "memory_gib": round(memory / GIB, 2),
+                "memory_source": source,
+                "driver": driver,
+            }
+        )
+    return found
+
+
+def visible(gpus: list[dict[str, Any]], environ: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The GPUs ``CUDA_VISIBLE_DEVICES`` leaves to CUDA, in CUDA's order (indices or UUIDs; unset: all)."""
+    listed = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return list(gpus)
+    chosen = []
+    for item in filter(None, (part.strip() for part in listed.split(","))):
+        match = [g for g in gpus if str(g["index"]) == item or g["uuid"] == item or g["uuid"].startswith(item)]
+        if not match:  # CUDA stops at the first entry it cannot resolve
+            break
+        chosen.append(match[0])
+    return chosen
+
+
+# (pattern in the device name, profile, hardware class of profiles/hardware.toml); first match wins.
+DEVICE_CLASSES = (
+    ("H200", "h200", "h200"),
+    ("B200", "b200", "b200"),
+    ("GB10", "spark", "spark"),
+    ("RTX 4090", "24gb", "rtx4090"),
+    ("L4", "24gb", "l4"),
+    ("A10G", "24gb", "a10g"),
+    ("H100", "gpu", "h100"),
+    ("A100", "gpu", "a100"),
+)
+
+
+def classify(name: str, memory_gib: float) -> tuple[str, str]:
+    """(profile, hardware class) for a CUDA device: by name; else a 24 GB card's profile, or the
+    ``gpu`` profile, on the generic ``gpu`` class (its memory: the device's own, in the result file)."""
+    for pattern, profile, hardware in DEVICE_CLASSES:
+        if re.search(rf"\b{re.escape(pattern)}\b", name):
+            if hardware == "a100":
+                hardware = "a100-80" if memory_gib > 60 else "a100-40"
+            return profile, hardware
+    if 20 <= memory_gib <= 26:
+        return "24gb", "gpu"
+    return "gpu", "gpu"
+
+
+@dataclass
+class Split:
+    """Server mode's GPUs: the trainer's and ``trl vllm-serve``'s, as CUDA_VISIBLE_DEVICES values."""
+
+    trainer: list[str]
+    server: list[str]
+
+
+def split_for_server(gpus: list[dict[str, Any]]) -> Split | None:
+    """The first visible GPU for the trainer, the second for the server (TRL's weight sync is an
+    NCCL group: two ranks on one device fail with 'Duplicate GPU detected'); None on fewer than two."""
+    if len(gpus) < 2:
+        return None
+    return Split(trainer=[gpus[0]["uuid"]], server=[gpus[1]["uuid"]])
+
+
+class DeviceMemory:
+    """Device memory held by a process tree on the GPUs it uses; baseline read at construction,
+    before the worker starts."""
+
+    def __init__(self, nvml: Any, gpus: list[dict[str, Any]], meminfo: Path = MEMINFO) -> None:
+        self.nvml = nvml
+        self.meminfo = meminfo
+        self.handles = [nvml.nvmlDeviceGetHandleByIndex(g["index"]) for g in gpus]
+        self.unified = any(g["memory_source"] == UNIFIED for g in gpus)
+        self.baseline = self._used()
+        self.source = (
+            UNIFIED + ", used minus the baseline before the worker started"
+            if self.unified
+            else "NVML: usedGpuMemory of the worker's processes on its devices "
+            "(else device memory used minus the baseline before the worker started)"
+        )
+
+    def _used(self) -> int:
+        if self.unified:
+            return meminfo_bytes(self.meminfo)[1]
+        return sum(self.nvml.nvmlDeviceGetMemoryInfo(h).used for h in self.handles)
+
+    def read(self, pids: set[int]) -> tuple[int | None, int]:
+        """(bytes NVML attributes to ``pids`` on these devices, or None where it lists none of
+        them; bytes used on these devices above the baseline)."""
+        held, listed = 0, False
+        for handle in self.handles:
+            try:
+                processes = self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except self.nvml.NVMLError:  # NOT_SUPPORTED on unified memory: the device figure stands
+                continue
+            for process in processes:
+                if process.pid in pids and process.usedGpuMemory is not None:
+                    held += process.usedGpuMemory
+                    listed = True
+        return (held if listed else None), max(0, self._used() - self.baseline)

@@ -1,0 +1,299 @@
+"""The GPU paths, run on this CPU with stand-ins for pynvml and torch.cuda: detection per device,
+device memory per process with a baseline, the NOT_SUPPORTED fallback of unified memory, server
+mode's GPUs, the default profile on a CUDA machine, and time limits."""
+
+import json
+import sys
+import time
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from benchmarks import cli, devices, grpo, profile, worker
+
+GIB = 2**30
+
+
+class FakeNVML:
+    """pynvml's calls the suite makes, over a list of devices: {name, uuid, total, used, processes}
+    (processes: pid -> bytes, or a callable giving that); ``unified`` devices answer NOT_SUPPORTED."""
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_NotSupported(NVMLError):  # noqa: N801  (pynvml's own name)
+        pass
+
+    def __init__(self, *gpus: dict) -> None:
+        self.gpus = list(gpus)
+
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+        return "580.159.03"
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+        return index
+
+    def nvmlDeviceGetName(self, handle: int) -> bytes:  # noqa: N802
+        return self.gpus[handle]["name"].encode()  # older pynvml returns bytes
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:  # noqa: N802
+        return self.gpus[handle]["uuid"]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:  # noqa: N802
+        gpu = self.gpus[handle]
+        if gpu.get("unified"):
+            raise self.NVMLError_NotSupported("Not Supported")
+        return SimpleNamespace(total=gpu["total"], used=gpu["used"], free=gpu["total"] - gpu["used"])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list:  # noqa: N802
+        gpu = self.gpus[handle]
+        if gpu.get("unified"):
+            raise self.NVMLError_NotSupported("Not Supported")
+        processes = gpu.get("processes", {})
+        processes = processes() if callable(processes) else processes
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in processes.items()]
+
+
+def gpu(name: str, memory_gib: float, index: int = 0, **more) -> dict:
+    return {"name": name, "uuid": f"GPU-{index:08d}-fake", "total": int(memory_gib * GIB), "used": 0, **more}
+
+
+@pytest.mark.parametrize(
+    "name, memory_gib, expected",
+    [
+        ("NVIDIA H200", 140.4, ("h200", "h200")),
+        ("NVIDIA B200", 179.06, ("b200", "b200")),
+        ("NVIDIA GB10", 121.7, ("spark", "spark")),
+        ("NVIDIA GeForce RTX 4090", 23.99, ("24gb", "rtx4090")),
+        ("NVIDIA L4", 22.49, ("24gb", "l4")),
+        ("NVIDIA A10G", 22.49, ("24gb", "a10g")),
+        ("NVIDIA H100 80GB HBM3", 79.65, ("gpu", "h100")),
+        ("NVIDIA A100-SXM4-80GB", 80.0, ("gpu", "a100-80")),
+        ("NVIDIA A100-SXM4-40GB", 40.0, ("gpu", "a100-40")),
+        ("NVIDIA RTX A5000", 23.99, ("24gb", "gpu")),  # a 24 GB card by its memory
+        ("NVIDIA L40S", 44.4, ("gpu", "gpu")),  # not the L4
+    ],
+)
+def test_a_device_gets_its_profile_and_hardware_class(name, memory_gib, expected):
+    assert devices.classify(name, memory_gib) == expected
+    chosen = profile.load(expected[0], hardware=expected[1])
+    assert chosen.hardware == expected[1] and chosen.hardware in profile.load_hardware()
+
+
+def test_the_default_profile_on_a_cuda_machine_comes_from_its_first_visible_gpu(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml = FakeNVML(gpu("NVIDIA H200", 140.4), gpu("NVIDIA GeForce RTX 4090", 23.99, index=1))
+    assert cli.detect(nvml)[:2] == ("h200", "h200")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert cli.detect(nvml)[:2] == ("24gb", "rtx4090")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-00000001")  # a UUID's prefix, as CUDA takes it
+    assert cli.detect(nvml)[:2] == ("24gb", "rtx4090")
+    assert cli.detect(FakeNVML())[:2] == ("cpu", None)
+
+
+def test_device_memory_counts_this_run_s_processes_on_its_own_devices_above_a_baseline():
+    other = {999: 5 * GIB}  # someone else's process on our device
+    used = gpu("NVIDIA H200", 140.4, used=6 * GIB, processes={**other, 100: 1 * GIB})
+    unused = gpu("NVIDIA H200", 140.4, index=1, used=30 * GIB, processes={101: 30 * GIB})
+    nvml = FakeNVML(used, unused)
+    memory = devices.DeviceMemory(nvml, devices.describe(nvml)[:1])  # baseline: 6 GiB used
+    used["used"], used["processes"] = 16 * GIB, {**other, 100: 1 * GIB, 200: 9 * GIB}
+    assert memory.read({100, 101, 200}) == (10 * GIB, 10 * GIB)  # 101 is on a device we do not use
+    assert memory.read({12345}) == (None, 10 * GIB)  # NVML lists none of ours (hidden PIDs): the device figure
+
+
+def test_unified_memory_answering_not_supported_falls_back_to_meminfo_and_says_so(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal:       {128 * 2**20} kB\nMemFree:  1 kB\nMemAvailable:   {120 * 2**20} kB\n")
+    nvml = FakeNVML(gpu("NVIDIA GB10", 0, unified=True))
+    (described,) = devices.describe(nvml, meminfo)
+    assert described["memory_gib"] == 128.0 and "NOT_SUPPORTED" in described["memory_source"]
+    memory = devices.DeviceMemory(nvml, [described], meminfo)  # baseline: 8 GiB used
+    meminfo.write_text(f"MemTotal:       {128 * 2**20} kB\nMemAvailable:   {100 * 2**20} kB\n")
+    assert memory.read({1}) == (None, 20 * GIB)
+    assert "/proc/meminfo" in memory.source
+    assert cli.detect(nvml)[:2] == ("spark", "spark")
+
+
+STAND_IN = """
+import json, os, sys, time
+job = json.loads(sys.stdin.read())
+channel = os.fdopen(job["channel_fd"], "w")
+def say(**event):
+    channel.write(json.dumps(event) + "\\n"); channel.flush()
+with open(job["seen"], "w") as seen:
+    json.dump({"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+               "server_devices": job.get("server_devices")}, seen)
+say(event="versions", versions={"stand-in": "1"})
+if os.environ.get("CUDA_VISIBLE_DEVICES") and not job.get("cpu_torch"):  # as the worker does on CUDA
+    say(event="device", name="stand-in", total_bytes=140 * 2**30)
+say(event="phase", phase="setup")
+time.sleep(job.get("hang_s", 0))
+if "engine_log" in job:  # vLLM's engine process logs why it refused; the worker sees another error
+    print(job["engine_log"], flush=True)
+    say(event="error", error="RuntimeError: Engine core initialization failed. See root cause above.")
+    sys.exit(1)
+say(event="step_begin", step=0)
+say(event="phase", phase="rollout")
+time.sleep(0.3)
+say(event="step", step=0, warmup=False, wall_s=0.3, phase_s={"rollout": 0.3}, completion_tokens=4,
+    completion_tokens_per_s=13.0, optimizer_state_bytes=0, grad_bytes=0, trainable_params=1, reference_model_bytes=0)
+say(event="phase", phase="idle")
+say(event="done")
+"""
+
+
+@pytest.fixture
+def stand_in(tmp_path):
+    """An interpreter that runs a stand-in worker instead of `python -m benchmarks.worker`."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    interpreter = tmp_path / "interpreter"
+    interpreter.write_text(f"#!/bin/bash\nexec {sys.executable} {script}\n")
+    interpreter.chmod(0o755)
+    return str(interpreter)
+
+
+def job(tmp_path, **levers) -> dict:
+    return {"levers": {"use_vllm": False, "vllm_mode": "colocate", **levers}, "seen": str(tmp_path / "seen.json")}
+
+
+def test_server_mode_on_one_gpu_is_skipped_with_the_reason(tmp_path, stand_in, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    record = grpo.run_configuration(
+        job(tmp_path, use_vllm=True, vllm_mode="server"),
+        None,
+        tmp_path / "w.log",
+        python=stand_in,
+        nvml=FakeNVML(gpu("NVIDIA H200", 140.4)),
+    )
+    assert (
+        record["status"] == "skipped"
+        and "Duplicate GPU detected" in record["reason"]
+        and "1 visible" in record["reason"]
+    )
+    assert not (tmp_path / "seen.json").exists()  # no worker started
+
+
+def test_server_mode_gives_the_server_a_gpu_apart_from_the_trainer_s(tmp_path, stand_in, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml = FakeNVML(gpu("NVIDIA H200", 140.4), gpu("NVIDIA H200", 140.4, index=1), gpu("NVIDIA H200", 140.4, index=2))
+    record = grpo.run_configuration(
+        job(tmp_path, use_vllm=True, vllm_mode="server"), None, tmp_path / "w.log", python=stand_in, nvml=nvml
+    )
+    assert record["status"] == "ok", record
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen == {"cuda_visible_devices": "GPU-00000000-fake", "server_devices": ["GPU-00000001-fake"]}
+    assert record["harness"]["gpus"] == [0, 1]  # device memory read on both, and on the third not at all
+
+
+def test_on_cuda_the_headline_peak_is_the_device_memory_of_the_worker_s_processes(tmp_path, stand_in, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def ours() -> dict[int, int]:  # every process under this test: the worker tree, 1 GiB each
+        return {p.pid: GIB for p in psutil.Process().children(recursive=True)} | {1: 50 * GIB}
+
+    nvml = FakeNVML(gpu("NVIDIA H200", 140.4, processes=ours))
+    record = grpo.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=nvml)
+    assert record["status"] == "ok", record
+    assert record["steps"][0]["peak_device_bytes"]["rollout"] in (GIB, 2 * GIB)  # the bash wrapper may linger
+    summary = record["summary"]
+    assert summary["peak_bytes"] == max(record["steps"][0]["peak_device_bytes"].values()) < 50 * GIB
+    assert "NVML" in summary["peak_measure"] and summary["peak_rss_bytes"] > 0
+    assert json.loads((tmp_path / "seen.json").read_text())["cuda_visible_devices"] == "GPU-00000000-fake"
+
+
+def test_a_worker_that_did_not_run_on_the_gpu_is_headlined_by_host_rss(tmp_path, stand_in, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml = FakeNVML(gpu("NVIDIA H200", 140.4, processes={1: 50 * GIB}))
+    # a CPU build of torch on a GPU machine: NVML sees the GPU, the worker never touches it
+    record = grpo.run_configuration(
+        {**job(tmp_path), "cpu_torch": True}, None, tmp_path / "w.log", python=stand_in, nvml=nvml
+    )
+    assert record["summary"]["peak_measure"] == grpo.HOST_RSS and "peak_device_bytes" not in record["steps"][0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CUDA is given no device at all
+    record = grpo.run_configuration(job(tmp_path), None, tmp_path / "w2.log", python=stand_in, nvml=nvml)
+    assert record["summary"]["peak_measure"] == grpo.HOST_RSS and record["harness"]["gpus"] == []
+
+
+def test_on_cpu_the_headline_peak_is_host_rss(tmp_path, stand_in):
+    record = grpo.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=FakeNVML())
+    assert record["summary"]["peak_bytes"] == record["summary"]["peak_rss_bytes"] > 0
+    assert record["summary"]["peak_measure"] == grpo.HOST_RSS and "peak_device_bytes" not in record["steps"][0]
+
+
+def test_a_configuration_past_its_time_limit_is_a_timeout_in_its_phase_and_the_next_one_runs(tmp_path, stand_in):
+    started = time.monotonic()
+    record = grpo.run_configuration(
+        {**job(tmp_path), "hang_s": 60}, None, tmp_path / "w.log", python=stand_in, timeout_s=2, nvml=FakeNVML()
+    )
+    assert time.monotonic() - started < 15
+    assert record["status"] == "timeout" and record["phase"] == "setup" and "2 s" in record["reason"]
+    following = grpo.run_configuration(job(tmp_path), None, tmp_path / "w2.log", python=stand_in, nvml=FakeNVML())
+    assert following["status"] == "ok"
+
+
+def test_a_run_stopped_early_is_marked_incomplete_and_one_that_ends_is_marked_complete(tmp_path):
+    from benchmarks import machine
+
+    path, result = tmp_path / "x-grpo.json", {"kind": "grpo", "complete": False, "configurations": []}
+    with pytest.raises(KeyboardInterrupt), machine.marked_incomplete(path, result):
+        machine.write_atomically(path, result)
+        raise KeyboardInterrupt
+    data = json.loads(path.read_text())
+    assert data["complete"] is False and data["ended_early"].startswith("KeyboardInterrupt")
+    with machine.marked_incomplete(path, result):
+        result["targets"] = []
+    assert json.loads(path.read_text())["complete"] is True
+
+
+def test_phase_boundaries_synchronize_cuda_before_the_clock_and_read_device_memory(monkeypatch):
+    torch = pytest.importorskip("torch")
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: calls.append("synchronize"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (100 * GIB, 140 * GIB))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 7 * GIB)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 8 * GIB)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: calls.append("reset"))
+    real_clock = worker.time.perf_counter
+    monkeypatch.setattr(worker.time, "perf_counter", lambda: calls.append("clock") or real_clock())
+    events = []
+    phases = worker.Phases(SimpleNamespace(write=events.append, flush=lambda: None), cuda=True)
+    calls.clear()
+    with phases.phase("rollout"):
+        pass
+    assert calls[:2] == ["synchronize", "clock"] and calls.count("synchronize") == 2
+    _, peaks = phases.take()
+    assert peaks["rollout"] == {"allocated": 7 * GIB, "reserved": 8 * GIB, "device_used_at_end": 40 * GIB}
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing ...",
+        "To serve at least one request with the models's max seq len (131072), (16.0 GiB KV cache is needed, which is "
+        "larger than the available KV cache memory (4.2 GiB).",
+    ],
+)
+def test_vllm_refusing_to_start_is_engine_cannot_start(message):
+    assert worker.engine_cannot_start(ValueError(message))
+    assert not worker.engine_cannot_start(ValueError("shape mismatch"))
+
+
+def test_an_engine_process_refusing_to_start_is_recorded_as_engine_cannot_start(tmp_path, stand_in):
+    refusal = "(EngineCore pid=7) ValueError: No available memory for the cache blocks. Try increasing ..."
+    record = grpo.run_configuration(
+        {**job(tmp_path), "engine_log": refusal}, None, tmp_path / "w.log", python=stand_in, nvml=FakeNVML()
+    )
+    assert record["status"] == "oom" and record["phase"] == "engine_start"
+    assert record["reason"].startswith("engine cannot start: (EngineCore pid=7) ValueError: No available memory")
+
+
+def test_the_worker_s_skip_reasons_name_what_is_missing():
+    levers = {"model": "full", "vllm_enable_sleep_mode": False, "use_vllm": False, "optim": "adamw_torch"}
+    assert worker.skip_reason({"levers": {**levers, "model": "qlora"}}, cuda=False).startswith("QLoRA")
+    assert worker.skip_reason({"levers": levers}, cuda=False) is None
