@@ -292,7 +292,7 @@ def headline_peak(summary: dict) -> tuple[int, str]:
     (schema 1 files, all from CPU runs: host RSS)."""
     if "peak_bytes" in summary:
         return summary["peak_bytes"], summary["peak_measure"]
-    return summary["peak_rss_bytes"], "peak RSS of the worker and its children (host memory)"
+    return summary["peak_rss_bytes"], "host RSS of the worker and its children"
 
 
 def peak_by_phase(summary: dict) -> dict[str, int]:

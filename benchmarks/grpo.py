@@ -38,7 +38,7 @@ VLLM_CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "all",
 }
-HOST_RSS = "peak RSS of the worker and its children (host memory)"
+HOST_RSS = "host RSS of the worker and its children"
 
 
 class MemorySampler(threading.Thread):

@@ -12,7 +12,6 @@ from typing import Any
 from benchmarks import machine
 from benchmarks.profile import Profile
 
-SCHEMA_VERSION = 1
 REWARD_PACKAGES = (
     "grpo-bench",
     "trl",
@@ -99,7 +98,7 @@ def summarize(profile: Profile, rows: list[dict]) -> dict[str, Any]:
             }
         )
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": machine.SCHEMA_VERSION,
         "kind": "rewards",
         "hardware_class": profile.hardware,
         "profile": profile.as_dict(),

@@ -83,11 +83,13 @@ class Result:
 
 def is_complete(data: dict, kind: str) -> bool:
     """Whether a result file holds a whole run. Schema 2 files say so (``complete``); schema 1 files
-    were whole when they reached their last field (rewards files were written whole)."""
+    were whole when they reached their last field: a GRPO run its targets, a context search its
+    verdict, a decode run its projections (the first decode runs measured the ceiling alone);
+    rewards files were written whole."""
     header = data.get("grpo_bench", data)
     if "complete" in header:
         return bool(header["complete"])
-    last_field = {"grpo": "targets", "context": "verdict", "decode": "sweep"}.get(kind)
+    last_field = {"grpo": "targets", "context": "verdict", "decode": "projections"}.get(kind)
     return last_field is None or last_field in data
 
 

@@ -85,6 +85,7 @@ def test_a_schema_1_file_is_whole_only_when_it_reached_its_last_field():
     assert tables.is_complete({"kind": "grpo", "configurations": [], "targets": []}, "grpo")
     assert not tables.is_complete({"kind": "grpo", "configurations": []}, "grpo")  # killed mid-run
     assert not tables.is_complete({"kind": "context", "contenders": []}, "context")
+    assert tables.is_complete({"kind": "decode", "ceiling": {}, "projections": []}, "decode")  # ceiling-only runs
     assert tables.is_complete({"grpo_bench": {"kind": "rewards"}, "benchmarks": []}, "rewards")
     assert not tables.is_complete({"grpo_bench": {"kind": "rewards", "complete": False}}, "rewards")
 
