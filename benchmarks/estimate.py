@@ -329,8 +329,8 @@ def validate(results: list[tuple[str, dict]], shapes: dict, hardware: dict) -> l
         if result.get("kind") != "grpo":
             continue
         for record in result["configurations"]:
-            if record["status"] != "ok":
-                continue
+            if record["status"] != "ok" or record["levers"]["optim"] not in MODELLED_OPTIMIZERS:
+                continue  # the model counts AdamW's states only
             predicted = predict_configuration(result, record, shapes, hardware)
             for phase, measured in measured_phases(record).items():
                 value = predicted.total(phase)

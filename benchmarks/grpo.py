@@ -1,10 +1,12 @@
 """Timed GRPO steps: every configuration of a profile in its own worker process.
 
-The parent samples the memory of the worker and its children (RSS, every 20 ms; on CUDA
-also NVML's device memory used, which sees vLLM) and attributes each sample to the step
-and phase the worker last reported. A worker tree above the profile's memory budget is
-stopped and recorded as ``oom`` in its phase. The result file is rewritten atomically
-after every configuration, so an interrupted run keeps everything that finished.
+The parent samples the memory of the worker and its children (RSS, every 20 ms and at every
+phase boundary; on CUDA also the device memory its processes hold, vLLM's included: see
+``benchmarks.devices``) and attributes each sample to the step and phase the worker last
+reported. A worker tree above the profile's memory budget is stopped and recorded as ``oom``
+in its phase, one past its time limit as ``timeout``. The result file is rewritten atomically
+after every configuration and says whether the run is complete, so an interrupted run keeps
+everything that finished and says so.
 """
 
 from __future__ import annotations
@@ -231,7 +233,7 @@ def run_configuration(
     worker.stdin.close()
     steps: list[dict] = []
     versions: dict[str, str] = {}
-    budget: dict[str, Any] = {}
+    on_cuda: dict[str, Any] = {}  # the worker's word that it runs on the device, and its budget there
     ending: dict[str, Any] = {"event": "error", "error": "the worker ended without a word"}
     timed_out = threading.Event()
 
@@ -255,7 +257,7 @@ def run_configuration(
             elif kind == "versions":
                 versions = event["versions"]
             elif kind == "device":
-                budget = {k: v for k, v in event.items() if k != "event"}
+                on_cuda = {k: v for k, v in event.items() if k != "event"}
             else:
                 ending = event
     worker.wait()
@@ -264,7 +266,7 @@ def run_configuration(
     sampler.stopped.set()
     sampler.join()
     wall = time.monotonic() - started
-    on_device = device is not None and bool(budget)  # the worker said it ran on CUDA
+    on_device = device is not None and bool(on_cuda)
     device_peaks, measure = sampler.device_peaks() if on_device else ({}, HOST_RSS)
     for step in steps:
         step["peak_rss_bytes"] = _per_step(sampler.peaks, step["step"])
@@ -274,8 +276,8 @@ def run_configuration(
     record: dict[str, Any] = {"status": "ok" if ending["event"] == "done" else ending["event"], "steps": steps}
     if versions:
         record["versions"] = versions
-    if budget:
-        record["device"] = budget
+    if on_cuda:
+        record["device"] = on_cuda
     if timed_out.is_set():
         record.update(
             status="timeout",
@@ -380,7 +382,7 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = ())
 def targets(records: list[dict], wall_s: float, quick: bool) -> list[dict[str, Any]]:
     """The issue's targets for this part, as measured in this run (not asserted anywhere)."""
     ok = [r for r in records if r["status"] == "ok" and r.get("summary")]
-    overhead = max((r["harness"]["overhead_fraction"] for r in records), default=None)
+    overhead = max((r["harness"]["overhead_fraction"] for r in records if "harness" in r), default=None)
     spread = max((r["summary"]["peak_repeat_spread"] for r in ok if r["summary"]["measured_steps"] > 1), default=None)
     limit_s = 120 if quick else 900
     return [

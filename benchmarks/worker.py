@@ -158,7 +158,8 @@ def vllm_server(model_dir: str, levers: dict, server_devices: list[str], log_pat
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "trl.cli.main", "vllm-serve", "--model", model_dir, "--host", "127.0.0.1"]
     command += ["--port", str(port), "--gpu_memory_utilization", str(levers["vllm_gpu_memory_utilization"])]
-    command += ["--max_model_len", str(levers["vllm_max_model_length"])]
+    if levers["vllm_max_model_length"]:
+        command += ["--max_model_len", str(levers["vllm_max_model_length"])]
     # On GPUs of its own (the harness split them): its NCCL rank must not share the trainer's device.
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(server_devices)}
     with open(log_path, "w") as log:

@@ -177,6 +177,7 @@ def test_server_mode_on_one_gpu_is_skipped_with_the_reason(tmp_path, stand_in, m
         and "1 visible" in record["reason"]
     )
     assert not (tmp_path / "seen.json").exists()  # no worker started
+    assert grpo.targets([{"name": "server", **record}], 1.0, quick=True)[0]["met"]  # the run's targets add up
 
 
 def test_server_mode_gives_the_server_a_gpu_apart_from_the_trainer_s(tmp_path, stand_in, monkeypatch):
