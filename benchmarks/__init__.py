@@ -1,1 +1,5 @@
-"""grpo-bench: the harness (profiles, runners, result files) and its pytest-benchmark modules."""
+"""grpo-bench: profiles and catalogs -> running -> result files -> reports (see README, Layout)."""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent  # the checkout: profiles/, results/

@@ -26,10 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import compare, context, decode, devices, estimate, grpo, machine, report, tables
-from benchmarks import profile as profiles
+from benchmarks import REPO
+from benchmarks.catalog import profiles
+from benchmarks.catalog.contenders import CONTENDERS
+from benchmarks.model import estimate
+from benchmarks.report import compare, figures, tables
+from benchmarks.results import schema
+from benchmarks.run import context, decode, devices, grpo, machine
 
-REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results" / "runs"
 
 
@@ -74,7 +78,7 @@ def run_rewards(profile: profiles.Profile, quick: bool, out: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         partial = Path(scratch) / "rewards.json"
-        command = [sys.executable, "-m", "pytest", str(REPO / "benchmarks" / "bench_rewards.py"), "-q"]
+        command = [sys.executable, "-m", "pytest", str(REPO / "benchmarks" / "rewardbench" / "bench_rewards.py"), "-q"]
         command += ["-p", "no:cacheprovider", "--grpo-profile", profile.name, f"--benchmark-json={partial}"]
         command += [f"--benchmark-max-time={settings.max_time_s}", f"--benchmark-min-rounds={settings.min_rounds}"]
         command += ["--benchmark-columns=median,iqr,rounds", "--benchmark-sort=name"]
@@ -84,7 +88,7 @@ def run_rewards(profile: profiles.Profile, quick: bool, out: Path) -> Path:
             raise SystemExit(f"reward benchmarks wrote no result (pytest exit {done.returncode})")
         data = json.loads(partial.read_text())
         data["grpo_bench"]["complete"] = done.returncode == 0  # a failed row: the file keeps those that ran
-        machine.write_atomically(target, data)
+        schema.write_atomically(target, data)
     if done.returncode != 0:
         print(f"warning: pytest exited {done.returncode}; the result file keeps the rows that ran")
     return target
@@ -170,7 +174,7 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
 def run_tables(args: argparse.Namespace) -> int:
     try:
         written = tables.write_tables(args.results, args.out)
-        results = tables.load_results(args.results)
+        results = schema.load_results(args.results)
         built = tables.build(results)
         for doc in args.doc:
             replaced = tables.rewrite_document(doc, built, tables.last_verified(results))
@@ -216,19 +220,15 @@ def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespac
         overrides["shape"] = args.shape
     if args.contenders is not None:
         names = tuple(n.strip() for n in args.contenders.split(",") if n.strip())
-        unknown = [n for n in names if n not in context.CONTENDERS]
+        unknown = [n for n in names if n not in CONTENDERS]
         if unknown or not names:
-            parser.error(
-                f"--contenders: unknown {', '.join(unknown) or '(none given)'}; have {', '.join(context.CONTENDERS)}"
-            )
+            parser.error(f"--contenders: unknown {', '.join(unknown) or '(none given)'}; have {', '.join(CONTENDERS)}")
         overrides["contenders"] = names
     pythons = {}
     for item in args.python:
         name, _, interpreter = item.partition("=")
-        if name not in context.CONTENDERS or not interpreter:
-            parser.error(
-                f"--python {item!r}: expected NAME=INTERPRETER with NAME one of {', '.join(context.CONTENDERS)}"
-            )
+        if name not in CONTENDERS or not interpreter:
+            parser.error(f"--python {item!r}: expected NAME=INTERPRETER with NAME one of {', '.join(CONTENDERS)}")
         pythons[name] = interpreter
     path = context.run_context(profile, pythons, args.out, overrides)
     context.print_context_summary(path)
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-gib", type=float, help="the memory budget in GiB of the device (default: the profile's)"
     )
     search.add_argument("--shape", help="a shape of profiles/shapes.toml (default: the profile's)")
-    search.add_argument("--contenders", help=f"a comma-separated subset of {', '.join(context.CONTENDERS)}")
+    search.add_argument("--contenders", help=f"a comma-separated subset of {', '.join(CONTENDERS)}")
     search.add_argument(
         "--python",
         action="append",
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         failed = 0
         for path in args.files:
             try:
-                for made in report.write_decode_report(path):
+                for made in figures.write_decode_report(path):
                     print(f"made {made}")
             except (OSError, ValueError) as error:  # say which file, and go on with the others
                 print(f"error: {error}", file=sys.stderr)
@@ -334,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
             print_rewards_summary(path)
         elif part == "decode":
             path = decode.run_decode(profile, args.quick, args.out)
-            decode.print_decode_summary(path)
-            for made in report.write_decode_report(path):
+            figures.print_decode_summary(path)
+            for made in figures.write_decode_report(path):
                 print(f"made {shown(made)}")
         else:
             path = grpo.run_grpo(profile, args.quick, args.out, configuration_filter)

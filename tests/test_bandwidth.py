@@ -2,8 +2,9 @@
 
 import pytest
 
-from benchmarks.bandwidth import ceiling, decode_step_bytes, kv_bytes_per_token, probe, rollout_seconds
-from benchmarks.profile import load_shapes
+from benchmarks.catalog.profiles import load_shapes
+from benchmarks.model.bandwidth import decode_step_bytes, kv_bytes_per_token, rollout_seconds
+from benchmarks.run.probe import ceiling, probe
 
 
 def test_the_probe_reports_median_and_spread_per_kernel_with_bytes_counted():
@@ -43,8 +44,8 @@ def test_rollout_time_sums_every_step_at_its_own_cache_length():
 
 
 def test_projections_cover_every_class_with_spark_at_both_ends_of_its_budget():
-    from benchmarks import profile as profiles
-    from benchmarks.bandwidth import projections
+    from benchmarks.catalog import profiles
+    from benchmarks.model.bandwidth import projections
 
     profile = profiles.load("cpu")
     rows = projections(profile, ceiling_gb_s=20.0)
@@ -65,8 +66,8 @@ def test_weight_bound_decode_never_beats_the_measured_ceiling(capsys):
     import json
 
     pytest.importorskip("transformers")
-    from benchmarks import decode
-    from benchmarks.shapes import materialise
+    from benchmarks.run import decode
+    from benchmarks.run.models import materialise
 
     shape = load_shapes()["0.5b"]  # 1.98 GB of fp32 weights: far past this machine's 300 MiB L3
     job = {
@@ -89,9 +90,9 @@ def test_the_decode_report_follows_its_result_file(tmp_path):
     pytest.importorskip("matplotlib")
     import json
 
-    from benchmarks import profile as profiles
-    from benchmarks.bandwidth import projections
-    from benchmarks.report import write_decode_report
+    from benchmarks.catalog import profiles
+    from benchmarks.model.bandwidth import projections
+    from benchmarks.report.figures import write_decode_report
 
     best = {"kernel": "triad", "median_gb_s": 20.0, "min_gb_s": 19.0, "max_gb_s": 21.0}
     row = {
@@ -133,7 +134,7 @@ def test_the_decode_report_follows_its_result_file(tmp_path):
 
 
 def test_a_file_that_is_not_a_decode_result_is_named_in_the_error(tmp_path):
-    from benchmarks.report import write_decode_report
+    from benchmarks.report.figures import write_decode_report
 
     path = tmp_path / "old-decode.json"
     path.write_text('{"kind": "decode", "ceiling": {}}')

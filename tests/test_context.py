@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from benchmarks import context
+from benchmarks.catalog.profiles import load, load_hardware, load_shapes
 from benchmarks.cli import main
-from benchmarks.profile import load, load_hardware, load_shapes
+from benchmarks.run import context
 
 
 def counted(threshold):
@@ -113,7 +113,7 @@ def test_the_command_names_bad_options(argv, message, capsys):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     pytest.importorskip("trl")
-    from benchmarks.shapes import materialise
+    from benchmarks.run.models import materialise
 
     return materialise(load_shapes()["tiny"], "float32", root=tmp_path_factory.mktemp("models"))
 

@@ -10,7 +10,10 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from benchmarks import cli, devices, grpo, profile, worker
+from benchmarks import cli
+from benchmarks.catalog import profiles as profile
+from benchmarks.results import schema
+from benchmarks.run import devices, grpo, worker
 
 GIB = 2**30
 
@@ -149,7 +152,7 @@ say(event="done")
 
 @pytest.fixture
 def stand_in(tmp_path):
-    """An interpreter that runs a stand-in worker instead of `python -m benchmarks.worker`."""
+    """An interpreter that runs a stand-in worker instead of `python -m benchmarks.run.worker`."""
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     interpreter = tmp_path / "interpreter"
@@ -239,15 +242,13 @@ def test_a_configuration_past_its_time_limit_is_a_timeout_in_its_phase_and_the_n
 
 
 def test_a_run_stopped_early_is_marked_incomplete_and_one_that_ends_is_marked_complete(tmp_path):
-    from benchmarks import machine
-
     path, result = tmp_path / "x-grpo.json", {"kind": "grpo", "complete": False, "configurations": []}
-    with pytest.raises(KeyboardInterrupt), machine.marked_incomplete(path, result):
-        machine.write_atomically(path, result)
+    with pytest.raises(KeyboardInterrupt), schema.marked_incomplete(path, result):
+        schema.write_atomically(path, result)
         raise KeyboardInterrupt
     data = json.loads(path.read_text())
     assert data["complete"] is False and data["ended_early"].startswith("KeyboardInterrupt")
-    with machine.marked_incomplete(path, result):
+    with schema.marked_incomplete(path, result):
         result["targets"] = []
     assert json.loads(path.read_text())["complete"] is True
 

@@ -16,9 +16,9 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-from benchmarks.grpo import run_configuration  # noqa: E402
-from benchmarks.profile import Levers, load_shapes  # noqa: E402
-from benchmarks.shapes import materialise  # noqa: E402
+from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
+from benchmarks.run.grpo import run_configuration  # noqa: E402
+from benchmarks.run.models import materialise  # noqa: E402
 
 BASE = Levers(num_generations=4, per_device_train_batch_size=4, max_completion_length=16)
 

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from benchmarks import profile as profiles
+from benchmarks.catalog import profiles
 
 
 @pytest.mark.parametrize("name", profiles.available())

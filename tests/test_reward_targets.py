@@ -2,8 +2,8 @@
 
 import pytest
 
-from benchmarks import profile as profiles
-from benchmarks.reward_targets import summarize
+from benchmarks.catalog import profiles
+from benchmarks.rewardbench.reward_targets import summarize
 
 
 def row(reward, implementation, median_s, batch=8, words=100, fmt="str", iqr_s=0.0):

@@ -7,15 +7,15 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from benchmarks.profile import load_shapes  # noqa: E402
-from benchmarks.shapes import build_tokenizer, materialise, word  # noqa: E402
+from benchmarks.catalog.profiles import load_shapes  # noqa: E402
+from benchmarks.run.models import build_tokenizer, hf_config, materialise, word  # noqa: E402
 
 
 @pytest.mark.parametrize("name", list(load_shapes()))
 def test_closed_form_parameter_count_matches_the_built_model(name):
     shape = load_shapes()[name]
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(shape.hf_config("float32"))
+        model = transformers.AutoModelForCausalLM.from_config(hf_config(shape, "float32"))
     assert shape.param_count() == sum(p.numel() for p in model.parameters())
 
 

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from benchmarks import compare, tables
+from benchmarks.catalog.profiles import Levers
 from benchmarks.cli import main
-from benchmarks.estimate import GIB
-from benchmarks.profile import Levers
+from benchmarks.model.estimate import GIB
+from benchmarks.report import compare, tables
+from benchmarks.results import schema
 
 
 def grpo_file(directory, hardware, shape, started="2026-12-01T10:00:00+00:00", status="ok", peak_gib=100.0, name="a"):
@@ -42,7 +43,7 @@ def grpo_file(directory, hardware, shape, started="2026-12-01T10:00:00+00:00", s
 
 
 def sizing_row(directory, shape):
-    table = tables.sizing_table(tables.load_results(directory))
+    table = tables.sizing_table(schema.load_results(directory))
     header = table.splitlines()[0]
     row = next(line for line in table.splitlines() if line.startswith(f"| {shape} "))
     return header, dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
@@ -66,7 +67,7 @@ def test_a_run_that_ended_early_is_never_cited_as_a_measurement(tmp_path):
     path = grpo_file(results, "h200", "32b", started="2026-12-05T10:00:00+00:00")
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "complete": False, "ended_early": "signal SIGTERM at ..."}))
-    built = tables.build(tables.load_results(results))
+    built = tables.build(schema.load_results(results))
     row = next(line for line in built["sizing"].splitlines() if line.startswith("| 32b "))
     assert "measured" not in row and path.name not in row
     written = tables.write_tables(results, tmp_path / "tables")
@@ -82,12 +83,12 @@ def test_a_run_that_ended_early_is_never_cited_as_a_measurement(tmp_path):
 
 
 def test_a_schema_1_file_is_whole_only_when_it_reached_its_last_field():
-    assert tables.is_complete({"kind": "grpo", "configurations": [], "targets": []}, "grpo")
-    assert not tables.is_complete({"kind": "grpo", "configurations": []}, "grpo")  # killed mid-run
-    assert not tables.is_complete({"kind": "context", "contenders": []}, "context")
-    assert tables.is_complete({"kind": "decode", "ceiling": {}, "projections": []}, "decode")  # ceiling-only runs
-    assert tables.is_complete({"grpo_bench": {"kind": "rewards"}, "benchmarks": []}, "rewards")
-    assert not tables.is_complete({"grpo_bench": {"kind": "rewards", "complete": False}}, "rewards")
+    assert schema.is_complete({"kind": "grpo", "configurations": [], "targets": []}, "grpo")
+    assert not schema.is_complete({"kind": "grpo", "configurations": []}, "grpo")  # killed mid-run
+    assert not schema.is_complete({"kind": "context", "contenders": []}, "context")
+    assert schema.is_complete({"kind": "decode", "ceiling": {}, "projections": []}, "decode")  # ceiling-only runs
+    assert schema.is_complete({"grpo_bench": {"kind": "rewards"}, "benchmarks": []}, "rewards")
+    assert not schema.is_complete({"grpo_bench": {"kind": "rewards", "complete": False}}, "rewards")
 
 
 def test_a_cuda_run_is_headlined_by_device_memory_not_host_rss(tmp_path):
@@ -99,7 +100,7 @@ def test_a_cuda_run_is_headlined_by_device_memory_not_host_rss(tmp_path):
     path.write_text(json.dumps(data))
     _, row = sizing_row(tmp_path, "32b")
     assert "90.0 GiB device" in row["H200-class (140.4 GiB)"]
-    from benchmarks.estimate import measured_phases
+    from benchmarks.report.validation import measured_phases
 
     assert measured_phases(data["configurations"][0]) == {"rollout": int(60 * GIB), "training": int(90 * GIB)}
 
@@ -138,7 +139,7 @@ def test_every_table_is_written_with_the_newest_date_and_a_document_is_rewritten
         "Last verified: 2026-07-13\n\n# Sizing\n<!-- grpo-bench:sizing -->\nold table\n<!-- /grpo-bench:sizing -->\n"
         "prose kept\nLast verified: 2026-07-13\n"
     )
-    built = tables.build(tables.load_results(results))
+    built = tables.build(schema.load_results(results))
     assert tables.rewrite_document(doc, built, "2026-12-03") == ["sizing"]
     text = doc.read_text()
     assert "old table" not in text and built["sizing"] in text and "prose kept" in text
@@ -153,15 +154,15 @@ def test_a_bad_result_file_is_named(tmp_path):
     (tmp_path / "h200").mkdir()
     (tmp_path / "h200" / "x-grpo.json").write_text('{"kind": "grpo"}')
     with pytest.raises(ValueError, match=r"h200/x-grpo.json: missing key 'profile'"):
-        tables.load_results(tmp_path)
+        schema.load_results(tmp_path)
     (tmp_path / "h200" / "x-grpo.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"h200/x-grpo.json: not JSON"):
-        tables.load_results(tmp_path)
+        schema.load_results(tmp_path)
 
 
 def test_the_model_table_reports_the_error_of_every_configuration_that_ran(tmp_path):
     grpo_file(tmp_path, "h200", "32b", peak_gib=100.0)
-    text, median = tables.model_table(tables.load_results(tmp_path))
+    text, median = tables.model_table(schema.load_results(tmp_path))
     assert "model=lora" in text and median is not None and f"{median:.1%}" in text
 
 
@@ -207,8 +208,8 @@ def test_estimate_never_fits_an_engine_that_cannot_hold_its_weights(capsys):
 
 
 def test_a_qlora_engine_is_sized_in_4_bit_as_trl_starts_it():
-    from benchmarks.estimate import Workload, engine_need
-    from benchmarks.profile import load_shapes
+    from benchmarks.catalog.profiles import load_shapes
+    from benchmarks.model.estimate import Workload, engine_need
 
     shape, work = load_shapes()["70b"], Workload(8, 256, 1024)
     bf16 = engine_need(shape, "bfloat16", Levers(use_vllm=True, model="lora"), work)
@@ -262,7 +263,7 @@ def test_the_context_table_and_the_model_table_follow_a_context_file(tmp_path):
     }
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "x-context.json").write_text(json.dumps(data))
-    results = tables.load_results(tmp_path)
+    results = schema.load_results(tmp_path)
     text = tables.context_table(results)
     assert "| trl-1.16 | measured | 240 | 256 | 704 |" in text and "skipped: needs CUDA" in text
     assert (

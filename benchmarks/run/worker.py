@@ -1,4 +1,4 @@
-"""One GRPO configuration in its own process: ``python -m benchmarks.worker`` (a job on stdin).
+"""One GRPO configuration in its own process: ``python -m benchmarks.run.worker`` (a job on stdin).
 
 The worker builds the policy (full, LoRA or QLoRA), a ``GRPOTrainer`` with the job's levers
 and a dataset of fixed-length prompts, then runs warm-up and measured steps. It reports on
@@ -39,6 +39,8 @@ import traceback
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any, TextIO
+
+from benchmarks.run.models import word
 
 
 class Phases:
@@ -253,8 +255,6 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
     from datasets import Dataset
     from transformers import PreTrainedTokenizerFast, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    from benchmarks.shapes import word
 
     levers, model_dir = job["levers"], job["model_dir"]
     model, peft_config = load_policy(job, cuda)

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.shapes import Shape
+from benchmarks import REPO
+from benchmarks.catalog.contenders import CONTENDERS
+from benchmarks.catalog.shapes import Shape
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+PROFILES_DIR = REPO / "profiles"
 BASE = "base"
 
 
@@ -126,7 +128,7 @@ class ContextBench:
     max_tokens: int  # the search's ceiling
     resolution: float  # bisection stops once the first failing length <= last passing x (1 + resolution)
     granule: int  # lengths probed are multiples of this
-    contenders: tuple[str, ...]  # names of benchmarks.context.CONTENDERS
+    contenders: tuple[str, ...]  # names of benchmarks.catalog.contenders.CONTENDERS
     levers: Levers  # every contender runs these
 
 
@@ -358,8 +360,6 @@ def _check_grpo(grpo: GrpoBench, file: str) -> None:
 
 
 def _check_context(context: ContextBench, file: str) -> None:
-    from benchmarks.context import CONTENDERS  # the names live with the code that runs them
-
     _check_shape_and_dtype("context", context.shape, context.dtype, file)
     for i, name in enumerate(context.contenders):
         if name not in CONTENDERS:

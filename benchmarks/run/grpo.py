@@ -26,11 +26,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import devices, machine
-from benchmarks.estimate import GIB
-from benchmarks.profile import Levers, Profile, configurations, load_shapes
-from benchmarks.shapes import materialise
-from benchmarks.worker import ENGINE_CANNOT_START
+from benchmarks import REPO
+from benchmarks.catalog.profiles import Levers, Profile, configurations, load_shapes
+from benchmarks.model.estimate import GIB
+from benchmarks.results import schema
+from benchmarks.run import devices, machine
+from benchmarks.run.models import materialise
+from benchmarks.run.worker import ENGINE_CANNOT_START
 
 SAMPLE_INTERVAL_S = 0.02
 # vLLM on CPU, in the worker's process: engine in-process (its memory is the worker's RSS,
@@ -214,13 +216,13 @@ def run_configuration(
     read_end, write_end = os.pipe()
     with open(log_path, "w") as log:
         worker = subprocess.Popen(
-            [*prefix, python, "-m", "benchmarks.worker"],
+            [*prefix, python, "-m", "benchmarks.run.worker"],
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
             pass_fds=[write_end],
             env=env,
-            cwd=machine.REPO,
+            cwd=REPO,
             start_new_session=True,
             preexec_fn=_die_with_parent,
             text=True,
@@ -353,7 +355,7 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = ())
         if not only or any(fnmatch.fnmatch(name, x) for x in only)
     ]
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as logs, machine.marked_incomplete(path, result):
+    with tempfile.TemporaryDirectory() as logs, schema.marked_incomplete(path, result):
         for number, (name, levers) in enumerate(todo, 1):
             print(f"[{number}/{len(todo)}] {name} ...", end=" ", flush=True)
             levers = resolved_levers(levers, grpo.prompt_words)
@@ -372,8 +374,8 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = ())
                 **run_configuration(job, budget, Path(logs) / f"{number}.log", timeout_s=grpo.configuration_timeout_s),
             }
             result["configurations"].append(record)
-            result["finished"] = machine.now()
-            machine.write_atomically(path, result)
+            result["finished"] = schema.now()
+            schema.write_atomically(path, result)
             print(_one_line(record), flush=True)
         result["targets"] = targets(result["configurations"], time.monotonic() - started, quick)
     return path

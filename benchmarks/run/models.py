@@ -1,4 +1,4 @@
-"""Model shapes: parameter counts in closed form, and offline model directories built from them.
+"""Offline model directories built from shapes (``benchmarks.catalog.shapes``).
 
 Memory and speed depend on a model's shapes, not its weights, so nothing is downloaded: a
 shape becomes ``config.json``, a local word-level tokenizer whose vocabulary covers the
@@ -14,56 +14,31 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from benchmarks.catalog.shapes import Shape
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, EOS, UNK)
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 
 
-@dataclass(frozen=True)
-class Shape:
-    architecture: str
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    intermediate_size: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-    source: str
+def hf_config(shape: Shape, dtype: str) -> Any:
+    """The transformers config of ``shape`` with the suite's special tokens."""
+    from transformers import AutoConfig
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    def param_count(self) -> int:
-        """Parameters in closed form: embeddings, per-layer attention (Qwen2 adds q/k/v
-        biases), gated MLP, two RMSNorms per layer, the final norm, the LM head if untied."""
-        h, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
-        attention = 2 * h * h + 2 * h * kv
-        if self.architecture == "qwen2":
-            attention += h + 2 * kv
-        layer = attention + 3 * h * self.intermediate_size + 2 * h
-        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return embeddings + self.num_hidden_layers * layer + h
-
-    def hf_config(self, dtype: str) -> Any:
-        from transformers import AutoConfig
-
-        fields = {k: v for k, v in asdict(self).items() if k not in ("architecture", "source")}
-        return AutoConfig.for_model(
-            self.architecture,
-            **fields,
-            architectures=[ARCHITECTURES[self.architecture]],
-            dtype=dtype,
-            pad_token_id=SPECIAL_TOKENS.index(PAD),
-            eos_token_id=SPECIAL_TOKENS.index(EOS),
-            bos_token_id=None,
-        )
+    fields = {k: v for k, v in asdict(shape).items() if k not in ("architecture", "source")}
+    return AutoConfig.for_model(
+        shape.architecture,
+        **fields,
+        architectures=[ARCHITECTURES[shape.architecture]],
+        dtype=dtype,
+        pad_token_id=SPECIAL_TOKENS.index(PAD),
+        eos_token_id=SPECIAL_TOKENS.index(EOS),
+        bos_token_id=None,
+    )
 
 
 def word(index: int) -> str:
@@ -104,7 +79,7 @@ def materialise(shape: Shape, dtype: str = "float32", root: Path | None = None) 
     scratch = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(shape.hf_config(dtype), dtype=getattr(torch, dtype))
+        model = AutoModelForCausalLM.from_config(hf_config(shape, dtype), dtype=getattr(torch, dtype))
         model.save_pretrained(scratch)
         build_tokenizer(shape.vocab_size).save_pretrained(scratch)
         os.replace(scratch, target)  # whole or not at all

@@ -1,6 +1,6 @@
 """pytest options and result-file additions for the benchmark modules.
 
-``pytest benchmarks/bench_rewards.py --grpo-profile cpu [--grpo-quick] --benchmark-json F``
+``pytest benchmarks/rewardbench/bench_rewards.py --grpo-profile cpu [--grpo-quick] --benchmark-json F``
 is what ``python -m benchmarks bench`` runs. The JSON gains a ``grpo_bench`` block: schema
 version, resolved profile, library versions, sandbox, skipped rows with their reasons, and
 the targets measured against the seed's baselines.
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import profile as profiles
-from benchmarks.reward_targets import summarize
+from benchmarks.catalog import profiles
+from benchmarks.rewardbench.cases import load_profile
+from benchmarks.rewardbench.reward_targets import summarize
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -23,10 +24,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def bench_profile(request: pytest.FixtureRequest) -> profiles.Profile:
     return load_profile(request.config)
-
-
-def load_profile(config: pytest.Config) -> profiles.Profile:
-    return profiles.load(config.getoption("--grpo-profile"), quick=config.getoption("--grpo-quick"))
 
 
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks: list, output_json: dict) -> None:

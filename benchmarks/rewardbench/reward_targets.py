@@ -9,8 +9,10 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
-from benchmarks import machine
-from benchmarks.profile import Profile
+from benchmarks.catalog.profiles import Profile
+from benchmarks.results import schema
+from benchmarks.rewardbench.cases import SKIPPED
+from benchmarks.run import machine
 
 REWARD_PACKAGES = (
     "grpo-bench",
@@ -64,8 +66,6 @@ def _sandbox() -> dict[str, Any]:
 
 def summarize(profile: Profile, rows: list[dict]) -> dict[str, Any]:
     """Adds ``completions_per_s`` to every row; returns the file's ``grpo_bench`` block."""
-    from benchmarks.bench_rewards import SKIPPED
-
     for row in rows:
         row["extra_info"]["completions_per_s"] = row["extra_info"]["batch"] / row["stats"]["median"]
     by_impl: dict[str, dict[tuple, dict]] = {}
@@ -98,7 +98,7 @@ def summarize(profile: Profile, rows: list[dict]) -> dict[str, Any]:
             }
         )
     return {
-        "schema_version": machine.SCHEMA_VERSION,
+        "schema_version": schema.SCHEMA_VERSION,
         "kind": "rewards",
         "hardware_class": profile.hardware,
         "profile": profile.as_dict(),

@@ -18,10 +18,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.estimate import GIB, headline_peak, measured_phases, predict_configuration
-from benchmarks.profile import load_hardware, load_shapes
-from benchmarks.report import decode_figure
-from benchmarks.tables import Result, is_complete, load_results, markdown_head
+from benchmarks.catalog.profiles import load_hardware, load_shapes
+from benchmarks.model.estimate import GIB
+from benchmarks.report.figures import decode_figure
+from benchmarks.report.tables import markdown_head
+from benchmarks.report.validation import headline_peak, measured_phases, predict_configuration
+from benchmarks.results.schema import Result, is_complete, load_results
 
 KINDS = ("grpo", "decode", "context", "rewards")
 PHASE_ORDER = ("setup", "rollout", "sleep_wake", "reward", "scoring", "logprob", "forward_backward", "optimizer")

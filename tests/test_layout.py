@@ -1,0 +1,87 @@
+"""The package's layers, checked from its source: profiles and catalogs -> the model -> result files
+-> running -> reports -> the command line. A module imports only from its own layer or below, no
+import circle exists, and no module imports the suite's own code inside a function (the way an
+import circle hides)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "benchmarks"
+# Lower numbers first; a module may import from its own layer and from those below it.
+LAYERS = {
+    "benchmarks": 0,  # the package root: REPO only
+    "catalog": 0,  # profiles, hardware and shape catalogs, contenders
+    "model": 1,  # the analytic model: memory terms, decode bytes
+    "results": 2,  # the result files' schema, writer and loader
+    "run": 3,  # workers and the harness of each part
+    "rewardbench": 3,  # the pytest-benchmark reward suite, a runner of its own
+    "report": 4,  # tables, comparisons, figures from result files
+    "cli": 5,
+    "__main__": 5,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS[parts[1] if len(parts) > 1 else parts[0]]
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(imported module of the suite, line, inside a function) for every import in ``path``."""
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.Import):
+                names = [a.name for a in child.names if a.name.startswith("benchmarks")]
+                found.extend((name, child.lineno, in_function) for name in names)
+            elif isinstance(child, ast.ImportFrom) and (child.module or "").startswith("benchmarks"):
+                for alias in child.names:
+                    submodule = f"{child.module}.{alias.name}"
+                    found.append((submodule if submodule in MODULES else child.module, child.lineno, in_function))
+            visit(child, inside)
+
+    visit(ast.parse(path.read_text()), False)
+    return found
+
+
+def test_every_module_belongs_to_a_layer():
+    assert {m.split(".")[1] for m in MODULES if "." in m} <= set(LAYERS)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_module_imports_only_from_its_layer_or_below_and_never_inside_a_function(module):
+    for imported, line, in_function in imports(MODULES[module]):
+        where = f"{MODULES[module].relative_to(PACKAGE.parent)}:{line} imports {imported}"
+        assert not in_function, f"{where} inside a function"
+        assert layer(imported) <= layer(module), f"{where}, a layer above its own"
+
+
+def test_no_import_circle():
+    graph = {m: {i for i, _, _ in imports(p) if i in MODULES and i != m} for m, p in MODULES.items()}
+    done: set[str] = set()
+
+    def walk(module: str, path: list[str]) -> None:
+        if module in path:
+            pytest.fail("import circle: " + " -> ".join([*path[path.index(module) :], module]))
+        if module in done:
+            return
+        for imported in sorted(graph[module]):
+            walk(imported, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        walk(module, [])
