@@ -173,18 +173,18 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
 
 def run_tables(args: argparse.Namespace) -> int:
     try:
-        written = tables.write_tables(args.results, args.out)
-        results = schema.load_results(args.results)
-        built = tables.build(results)
+        written = tables.write_tables(args.results, args.out, args.all)
+        cited = tables.headline(schema.load_results(args.results), args.all)
+        built = tables.build(cited)
         for doc in args.doc:
-            replaced = tables.rewrite_document(doc, built, tables.last_verified(results))
+            replaced = tables.rewrite_document(doc, built, tables.last_verified(cited))
             print(f"rewrote {doc}: {', '.join(replaced) or 'no table markers'}; Last verified lines set")
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     for path in written:
         print(f"wrote {shown(path)}")
-    tables.print_model_error(args.results)
+    tables.print_model_error(args.results, args.all)
     return 0
 
 
@@ -284,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     tabulate.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
     tabulate.add_argument("--out", type=Path, default=REPO / "results" / "tables", help="default: results/tables")
     tabulate.add_argument("--doc", type=Path, action="append", default=[], help="a markdown file with table markers")
+    tabulate.add_argument(
+        "--all", action="store_true", help="every complete run, superseded and --only subsets too (default: the newest)"
+    )
     versus = commands.add_parser("compare", help="result files or hardware classes side by side, with figures")
     versus.add_argument("sides", nargs="*", metavar="FILE_OR_CLASS")
     versus.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")

@@ -13,7 +13,17 @@ from benchmarks.report import compare, tables
 from benchmarks.results import schema
 
 
-def grpo_file(directory, hardware, shape, started="2026-12-01T10:00:00+00:00", status="ok", peak_gib=100.0, name="a"):
+def grpo_file(
+    directory,
+    hardware,
+    shape,
+    started="2026-12-01T10:00:00+00:00",
+    status="ok",
+    peak_gib=100.0,
+    name="a",
+    quick=False,
+    defined=1,  # configurations the run's profile defines: more than it holds makes it an --only subset
+):
     levers = dataclasses.asdict(dataclasses.replace(Levers(), model="lora", gradient_checkpointing=True))
     by_phase = {"rollout": int(0.5 * peak_gib * GIB), "forward_backward": int(peak_gib * GIB)}
     record = {
@@ -31,8 +41,17 @@ def grpo_file(directory, hardware, shape, started="2026-12-01T10:00:00+00:00", s
         "kind": "grpo",
         "complete": True,
         "started": started,
-        "quick": False,
-        "profile": {"hardware": hardware, "grpo": {"prompt_words": 128, "dtype": "bfloat16"}},
+        "quick": quick,
+        "profile": {
+            "hardware": hardware,
+            "grpo": {
+                "prompt_words": 128,
+                "dtype": "bfloat16",
+                "levers": levers,
+                "matrix": {"lora_r": [8 * (i + 1) for i in range(defined)]},
+                "extra": [],
+            },
+        },
         "shape": {"name": shape},
         "configurations": [record],
     }
@@ -67,7 +86,7 @@ def test_a_run_that_ended_early_is_never_cited_as_a_measurement(tmp_path):
     path = grpo_file(results, "h200", "32b", started="2026-12-05T10:00:00+00:00")
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "complete": False, "ended_early": "signal SIGTERM at ..."}))
-    built = tables.build(schema.load_results(results))
+    built = tables.build(tables.headline(schema.load_results(results)))
     row = next(line for line in built["sizing"].splitlines() if line.startswith("| 32b "))
     assert "measured" not in row and path.name not in row
     written = tables.write_tables(results, tmp_path / "tables")
@@ -139,7 +158,7 @@ def test_every_table_is_written_with_the_newest_date_and_a_document_is_rewritten
         "Last verified: 2026-07-13\n\n# Sizing\n<!-- grpo-bench:sizing -->\nold table\n<!-- /grpo-bench:sizing -->\n"
         "prose kept\nLast verified: 2026-07-13\n"
     )
-    built = tables.build(schema.load_results(results))
+    built = tables.build(tables.headline(schema.load_results(results)))
     assert tables.rewrite_document(doc, built, "2026-12-03") == ["sizing"]
     text = doc.read_text()
     assert "old table" not in text and built["sizing"] in text and "prose kept" in text
@@ -148,6 +167,69 @@ def test_every_table_is_written_with_the_newest_date_and_a_document_is_rewritten
     doc.write_text("<!-- grpo-bench:sizes -->\n<!-- /grpo-bench:sizes -->\n")
     with pytest.raises(ValueError, match=r"guide.md: unknown table marker grpo-bench:sizes"):
         tables.rewrite_document(doc, built, "2026-12-03")
+
+
+def test_tables_cite_the_newest_whole_run_of_each_series_and_every_run_only_when_asked(tmp_path):
+    results = tmp_path / "runs"
+    old = grpo_file(results, "h200", "32b", started="2026-12-01T10:00:00+00:00", peak_gib=100.0)
+    new = grpo_file(results, "h200", "32b", started="2026-12-02T10:00:00+00:00", peak_gib=120.0, name="b")
+    subset = grpo_file(results, "h200", "32b", started="2026-12-03T10:00:00+00:00", name="c", defined=3)
+    other = grpo_file(results, "h200", "0.5b", started="2026-12-01T11:00:00+00:00", name="d")  # another series
+    loaded = schema.load_results(results)
+    assert [r.path.split("/")[1] for r in tables.headline(loaded)] == [other.name, new.name]
+    assert len(tables.headline(loaded, every_run=True)) == 4  # superseded and --only subsets too
+    sizing = tables.write_tables(results, tmp_path / "t")[0].read_text()
+    assert "2 of 4 result files; 2 superseded or partial (shown with --all)" in sizing
+    assert new.name in sizing and old.name not in sizing and subset.name not in sizing
+    everything = tables.write_tables(results, tmp_path / "all", every_run=True)[0].read_text()
+    assert "4 of 4 result files" in everything
+
+
+def test_tables_from_a_results_directory_that_is_missing_or_empty_fail_and_write_nothing(tmp_path, capsys):
+    out = tmp_path / "tables"
+    out.mkdir()
+    (out / "sizing.md").write_text("committed\n")
+    assert main(["tables", "--results", str(tmp_path / "results" / "run"), "--out", str(out)]) == 1
+    assert "no such results directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["tables", "--results", str(tmp_path / "empty"), "--out", str(out)]) == 1
+    assert "no result file" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["sizing.md"] and (out / "sizing.md").read_text() == "committed\n"
+
+
+def test_the_committed_tables_are_what_the_committed_results_make(tmp_path):
+    from benchmarks import REPO
+
+    written = tables.write_tables(REPO / "results" / "runs", tmp_path)
+    for path in written:
+        committed = REPO / "results" / "tables" / path.name
+        assert path.read_text() == committed.read_text(), f"{committed} differs: run `nox -s tables`"
+
+
+def test_compare_matches_configurations_by_lever_values_across_versions(tmp_path):
+    results = tmp_path / "runs"
+    older = grpo_file(results, "h100", "32b", peak_gib=50.0)
+    newer = grpo_file(results, "h200", "32b", peak_gib=100.0)
+    data = json.loads(newer.read_text())
+    record = data["configurations"][0]
+    # a newer version: the name lists two more varied levers, and a lever the older file lacks
+    record["name"] = "model=lora gradient_checkpointing=True vllm_mode=colocate"
+    record["levers"]["vllm_max_model_length"] = 1032
+    newer.write_text(json.dumps(data))
+    data = json.loads(older.read_text())
+    del data["configurations"][0]["levers"]["vllm_max_model_length"]
+    older.write_text(json.dumps(data))
+    lines = compare.grpo_rows(compare.resolve_sides(["h100", "h200"], results))
+    assert lines[0].startswith("GRPO configurations in every side (1;")
+    assert "| model=lora | 3.00, 50.00 | 3.00, 100.00 | 1.00x, 2.00x |" in lines
+
+
+def test_compare_refuses_a_quick_run_beside_a_full_one(tmp_path):
+    results = tmp_path / "runs"
+    full = grpo_file(results, "h100", "32b")
+    quick = grpo_file(results, "h200", "32b", quick=True)
+    with pytest.raises(ValueError, match=r"grpo: a --quick run and a full run are not like for like: .*-a-grpo"):
+        compare.resolve_sides([str(full), str(quick)], results)
 
 
 def test_a_bad_result_file_is_named(tmp_path):

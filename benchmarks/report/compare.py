@@ -13,7 +13,6 @@ per contender.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from benchmarks.model.estimate import GIB
 from benchmarks.report.figures import decode_figure
 from benchmarks.report.tables import markdown_head
 from benchmarks.report.validation import headline_peak, measured_phases, predict_configuration
-from benchmarks.results.schema import Result, is_complete, load_results
+from benchmarks.results.schema import Result, load_results, read_result
 
 KINDS = ("grpo", "decode", "context", "rewards")
 PHASE_ORDER = ("setup", "rollout", "sleep_wake", "reward", "scoring", "logprob", "forward_backward", "optimizer")
@@ -37,7 +36,11 @@ class Side:
 
 def resolve_sides(arguments: list[str], results_dir: Path) -> list[Side]:
     """Sides from files or hardware classes; see the module's docstring for the default."""
-    results = [r for r in (load_results(results_dir) if results_dir.is_dir() else []) if _comparable(r)]
+    named_files = bool(arguments) and all(Path(a).is_file() for a in arguments)
+    if named_files and not any(results_dir.glob("*/*.json")):
+        results = []  # files named directly need no results directory
+    else:
+        results = [r for r in load_results(results_dir) if _comparable(r)]
     newest: dict[str, dict[str, Result]] = {}
     for result in results:
         newest.setdefault(result.hardware, {})[result.kind] = result
@@ -56,14 +59,11 @@ def resolve_sides(arguments: list[str], results_dir: Path) -> list[Side]:
     for argument in arguments:
         path = Path(argument)
         if path.is_file():
-            data = json.loads(path.read_text())
-            kind = data.get("kind") or data.get("grpo_bench", {}).get("kind")
-            if kind not in KINDS:
-                raise ValueError(f"{argument}: not a grpo-bench result file (kind {kind!r})")
-            match = [r for r in results if (results_dir / r.path).resolve() == path.resolve()]
-            result = match[0] if match else Result(argument, data, kind, "", data.get("started", "")[:10])
-            label = path.stem if is_complete(data, kind) else f"{path.stem} (incomplete: ended early)"
-            sides.append(Side(label, {kind: result}))
+            result = read_result(path, argument)
+            if result.kind not in KINDS:
+                raise ValueError(f"{argument}: not a grpo-bench result file (kind {result.kind!r})")
+            label = path.stem if result.complete else f"{path.stem} (incomplete: ended early)"
+            sides.append(Side(label, {result.kind: result}))
         elif argument in newest:
             sides.append(Side(argument, newest[argument]))
         else:
@@ -71,12 +71,18 @@ def resolve_sides(arguments: list[str], results_dir: Path) -> list[Side]:
             raise ValueError(f"{argument}: neither a result file nor a hardware class with results (classes: {have})")
     if len(sides) < 2:
         raise ValueError("compare needs at least two sides (files or hardware classes)")
+    for kind in KINDS:
+        files = [side.files[kind] for side in sides if kind in side.files]
+        if len({r.quick for r in files}) > 1:
+            quick = ", ".join(f"{r.path} ({'--quick' if r.quick else 'full'})" for r in files)
+            raise ValueError(f"{kind}: a --quick run and a full run are not like for like: {quick}")
     return sides
 
 
 def _comparable(result: Result) -> bool:
-    """A file with something to compare: whole, not --quick; for GRPO, a configuration that ran."""
-    if result.data.get("quick") or not result.complete:
+    """A file with something to compare: complete, whole, not --quick; for GRPO, a configuration
+    that ran."""
+    if result.quick or not result.complete or not result.whole:
         return False
     return result.kind != "grpo" or any(c["status"] == "ok" for c in result.data.get("configurations", []))
 
@@ -89,8 +95,12 @@ def grpo_rows(sides: list[Side]) -> list[str]:
     runs = [(s, s.files["grpo"]) for s in sides if "grpo" in s.files]
     if len(runs) < 2:
         return []
-    names = [list(dict.fromkeys(c["name"] for c in r.data["configurations"])) for _, r in runs]
-    common = [n for n in names[0] if all(n in other for other in names[1:])]
+    # Like with like by lever values, not names: a name lists only the levers its profile varied, and
+    # files of other versions carry levers the older ones lack; match on the levers every side records.
+    recorded = [{k for c in r.data["configurations"] for k in c["levers"]} for _, r in runs]
+    levers = sorted(set.intersection(*recorded))
+    by_levers = [{tuple(c["levers"][k] for k in levers): c for c in r.data["configurations"]} for _, r in runs]
+    common = [key for key in by_levers[0] if all(key in other for other in by_levers[1:])]
     measures = sorted(
         {headline_peak(c["summary"])[1] for _, r in runs for c in r.data["configurations"] if c.get("summary")}
     )
@@ -103,8 +113,9 @@ def grpo_rows(sides: list[Side]) -> list[str]:
         "",
         *markdown_head(header),
     ]
-    for name in common:
-        records = [next(c for c in r.data["configurations"] if c["name"] == name) for _, r in runs]
+    for key in common:
+        records = [configurations[key] for configurations in by_levers]
+        name = records[0]["name"]
         cells, speeds, peaks = [], [], []
         for record in records:
             summary = record.get("summary") or {}

@@ -368,9 +368,19 @@ def _context_probe_errors(results: list[Result]) -> list[str]:
     return header + lines
 
 
+def headline(results: list[Result], every_run: bool = False) -> list[Result]:
+    """The results the tables cite: the newest complete, whole run of each series (kind, hardware
+    class, shape, quick); with ``every_run``, every complete run, superseded and --only subsets
+    too. A run that ended early is never cited."""
+    complete = [r for r in results if r.complete]
+    if every_run:
+        return complete
+    newest = {r.series: r for r in complete if r.whole}  # oldest first: the newest stays
+    return [r for r in complete if newest.get(r.series) is r]
+
+
 def build(results: list[Result]) -> dict[str, str]:
-    """Every table's markdown (without the file header), from the complete result files only."""
-    results = [r for r in results if r.complete]
+    """Every table's markdown (without the file header), from the results to cite (``headline``)."""
     return {
         "sizing": sizing_table(results),
         "decode": decode_table(results),
@@ -381,22 +391,30 @@ def build(results: list[Result]) -> dict[str, str]:
 
 
 def last_verified(results: list[Result]) -> str:
-    return max((r.date for r in results if r.complete), default="never")
+    return max((r.date for r in results), default="never")
 
 
-def _counted(results: list[Result]) -> str:
+def _counted(cited: list[Result], results: list[Result]) -> str:
+    text = f"{len(cited)} of {len(results)} result files"
     incomplete = [r.path for r in results if not r.complete]
-    text = f"{len(results) - len(incomplete)} result files"
+    others = len(results) - len(cited) - len(incomplete)
+    if others:
+        text += f"; {others} superseded or partial (shown with --all)"
     return text + (f"; left out, ended early: {', '.join(incomplete)}" if incomplete else "")
 
 
-def write_tables(results_dir: Path, out: Path) -> list[Path]:
+def write_tables(results_dir: Path, out: Path, every_run: bool = False) -> list[Path]:
+    """Every table under ``out``; nothing is written when the results directory is missing or
+    holds no result file (``load_results`` says which)."""
     results = load_results(results_dir)
+    cited = headline(results, every_run)
+    header = f"{GENERATED}\n\nLast verified: {last_verified(cited)} ({_counted(cited, results)})\n\n"
+    built = build(cited)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in build(results).items():
+    for name, text in built.items():
         path = out / f"{name}.md"
-        path.write_text(f"{GENERATED}\n\nLast verified: {last_verified(results)} ({_counted(results)})\n\n{text}")
+        path.write_text(header + text)
         written.append(path)
     return written
 
@@ -419,7 +437,7 @@ def rewrite_document(path: Path, tables: dict[str, str], verified: str) -> list[
     return replaced
 
 
-def print_model_error(results_dir: Path) -> None:
-    _, median = model_table(load_results(results_dir))
+def print_model_error(results_dir: Path, every_run: bool = False) -> None:
+    _, median = model_table(headline(load_results(results_dir), every_run))
     if median is not None:
         print(f"analytic model, training-phase peak: median absolute error {median:.1%} (target <= 10%)")

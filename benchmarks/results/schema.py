@@ -17,9 +17,11 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from benchmarks import REPO
+from benchmarks.catalog.profiles import Levers, configurations
 
 
 def now() -> str:
@@ -94,6 +96,14 @@ class Result:
     hardware: str
     date: str  # YYYY-MM-DD the run started
     complete: bool = True  # False: the run ended early; never cited as a measurement
+    whole: bool = True  # False: a subset of its profile (a GRPO run with --only)
+    quick: bool = False  # a --quick smoke run
+    shape: str | None = None  # the shape a GRPO run or a context search measured
+
+    @property
+    def series(self) -> tuple:
+        """What a newer result of the same series supersedes: kind, hardware class, shape, quick."""
+        return (self.kind, self.hardware, self.shape, self.quick)
 
 
 def is_complete(data: dict, kind: str) -> bool:
@@ -108,27 +118,49 @@ def is_complete(data: dict, kind: str) -> bool:
     return last_field is None or last_field in data
 
 
+def is_whole(data: dict, kind: str, name: str) -> bool:
+    """Whether a GRPO run measured every configuration its profile defines (not an --only subset)."""
+    if kind != "grpo":
+        return True
+    require_keys(data, name, "configurations")
+    grpo = data["profile"].get("grpo") or {}
+    require_keys(grpo, f"{name}: profile.grpo", "levers", "matrix", "extra")
+    base = Levers(**grpo["levers"])
+    defined = configurations(SimpleNamespace(levers=base, matrix=grpo["matrix"], extra=tuple(grpo["extra"])))
+    return len(data["configurations"]) >= len(defined)
+
+
 def require_keys(data: dict, path: str, *keys: str) -> None:
     for key in keys:
         if key not in data:
             raise ValueError(f"{path}: missing key {key!r}")
 
 
+def read_result(path: Path, name: str) -> Result:
+    """One result file, ``name`` as it is to be cited; an error naming the file and the key that
+    is missing or bad."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{name}: not JSON ({error})") from None
+    if "grpo_bench" in data:  # pytest-benchmark's file, our header inside
+        header = data["grpo_bench"]
+        require_keys(header, name, "kind", "hardware_class")
+        kind, hardware, started = header["kind"], header["hardware_class"], data.get("datetime", "")
+    else:
+        require_keys(data, name, "kind", "profile", "started")
+        header, kind, hardware, started = data, data["kind"], data["profile"]["hardware"], data["started"]
+    shape = data["shape"]["name"] if kind in ("grpo", "context") else None
+    whole, quick = is_whole(data, kind, name), bool(header.get("quick"))
+    return Result(name, data, kind, hardware, started[:10], is_complete(data, kind), whole, quick, shape)
+
+
 def load_results(directory: Path) -> list[Result]:
-    """Every result file under ``directory`` (``<hardware>/<time>-<kind>.json``), oldest first."""
-    found = []
-    for path in sorted(directory.glob("*/*.json")):
-        name = str(path.relative_to(directory))
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{name}: not JSON ({error})") from None
-        if "grpo_bench" in data:  # pytest-benchmark's file, our header inside
-            header = data["grpo_bench"]
-            require_keys(header, name, "kind", "hardware_class")
-            kind, hardware, started = header["kind"], header["hardware_class"], data.get("datetime", "")
-        else:
-            require_keys(data, name, "kind", "profile", "started")
-            kind, hardware, started = data["kind"], data["profile"]["hardware"], data["started"]
-        found.append(Result(name, data, kind, hardware, started[:10], is_complete(data, kind)))
+    """Every result file under ``directory`` (``<hardware>/<time>-<kind>.json``), oldest first; a
+    directory that does not exist or holds no result file is an error."""
+    if not directory.is_dir():
+        raise ValueError(f"{directory}: no such results directory")
+    found = [read_result(path, str(path.relative_to(directory))) for path in sorted(directory.glob("*/*.json"))]
+    if not found:
+        raise ValueError(f"{directory}: no result file (<hardware>/<time>-<kind>.json) under it")
     return sorted(found, key=lambda r: (r.date, r.path))

@@ -27,7 +27,8 @@ def bench_profile(request: pytest.FixtureRequest) -> profiles.Profile:
 
 
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks: list, output_json: dict) -> None:
-    output_json["grpo_bench"] = summarize(load_profile(config), output_json["benchmarks"])
+    quick = config.getoption("--grpo-quick")
+    output_json["grpo_bench"] = summarize(load_profile(config), output_json["benchmarks"], quick)
     drop_rounds(output_json)
 
 

@@ -64,7 +64,7 @@ def _sandbox() -> dict[str, Any]:
     return described
 
 
-def summarize(profile: Profile, rows: list[dict]) -> dict[str, Any]:
+def summarize(profile: Profile, rows: list[dict], quick: bool = False) -> dict[str, Any]:
     """Adds ``completions_per_s`` to every row; returns the file's ``grpo_bench`` block."""
     for row in rows:
         row["extra_info"]["completions_per_s"] = row["extra_info"]["batch"] / row["stats"]["median"]
@@ -101,6 +101,7 @@ def summarize(profile: Profile, rows: list[dict]) -> dict[str, Any]:
         "schema_version": schema.SCHEMA_VERSION,
         "kind": "rewards",
         "hardware_class": profile.hardware,
+        "quick": quick,
         "profile": profile.as_dict(),
         "versions": machine.versions(REWARD_PACKAGES),
         "sandbox": _sandbox(),
