@@ -24,37 +24,48 @@ def grpo_file(
     quick=False,
     defined=1,  # configurations the run's profile defines: more than it holds makes it an --only subset
 ):
+    """A GRPO result file of one LoRA configuration, built from the schema's own records."""
     levers = dataclasses.asdict(dataclasses.replace(Levers(), model="lora", gradient_checkpointing=True))
     by_phase = {"rollout": int(0.5 * peak_gib * GIB), "forward_backward": int(peak_gib * GIB)}
-    record = {
-        "name": "model=lora",
+    step = schema.Step(step=0, warmup=False, wall_s=3.0, phase_s={"rollout": 1.0, "forward_backward": 2.0})
+    step.peak_rss_bytes = by_phase
+    summary = schema.Summary(
+        measured_steps=1,
+        step_s_median=3.0,
+        step_s_min=3.0,
+        step_s_max=3.0,
+        completion_tokens_per_s_median=10.0,
+        phase_s_median=step.phase_s,
+        peak_bytes=by_phase["forward_backward"],
+        peak_bytes_by_phase=by_phase,
+        peak_measure=schema.HOST_RSS,
+        peak_rss_bytes=by_phase["forward_backward"],
+        peak_rss_bytes_by_phase=by_phase,
+        peak_repeat_spread=0.0,
+        optimizer_state_bytes=0,
+        grad_bytes=0,
+        trainable_params=1,
+        reference_model_bytes=0,
+    )
+    configuration = schema.Configuration(name="model=lora", levers=levers, status=status, steps=[step], summary=summary)
+    grpo = {
+        "prompt_words": 128,
+        "dtype": "bfloat16",
         "levers": levers,
-        "status": status,
-        "steps": [{"warmup": False, "phase_s": {"rollout": 1.0, "forward_backward": 2.0}, "peak_rss_bytes": by_phase}],
-        "summary": {
-            "peak_rss_bytes": by_phase["forward_backward"],
-            "peak_rss_bytes_by_phase": by_phase,
-            "step_s_median": 3.0,
-        },
+        "matrix": {"lora_r": [8 * (i + 1) for i in range(defined)]},
+        "extra": [],
     }
-    data = {
-        "kind": "grpo",
-        "complete": True,
-        "started": started,
-        "quick": quick,
-        "profile": {
-            "hardware": hardware,
-            "grpo": {
-                "prompt_words": 128,
-                "dtype": "bfloat16",
-                "levers": levers,
-                "matrix": {"lora_r": [8 * (i + 1) for i in range(defined)]},
-                "extra": [],
-            },
-        },
-        "shape": {"name": shape},
-        "configurations": [record],
-    }
+    record = schema.GrpoFile(
+        schema_version=schema.SCHEMA_VERSION,
+        kind="grpo",
+        started=started,
+        quick=quick,
+        complete=True,
+        profile={"hardware": hardware, "grpo": grpo},
+        shape=schema.ShapeRecord(name=shape, param_count=1),
+        configurations=[configuration],
+    )
+    data = schema.encode(record)
     path = directory / hardware / f"{started[:10].replace('-', '')}T000000Z-{name}-grpo.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
@@ -314,35 +325,58 @@ def test_estimate_prints_the_breakdown_and_whether_it_fits(capsys):
 
 
 def test_the_context_table_and_the_model_table_follow_a_context_file(tmp_path):
-    probe = {"completion_tokens": 64, "fits": True, "peak_bytes": 4 * GIB, "predicted_peak_bytes": 3 * GIB}
-    entry = {
-        "name": "trl-1.16",
-        "logits_path": "trl-tiled",
-        "status": "measured",
-        "max_completion_tokens": 240,
-        "first_failing_tokens": 256,
-        "at_ceiling": False,
-        "predicted_max_completion_tokens": 704,
-        "probes": [probe],
-    }
-    skipped = {"name": "trl-1.16-liger", "status": "skipped", "reason": "needs CUDA", "probes": []}
-    baseline = {**entry, "name": "trl-1.14.2", "max_completion_tokens": 80, "probes": [], "stack": "trl"}
-    unsloth = {**entry, "name": "unsloth-2026.10.9", "max_completion_tokens": 240, "probes": [], "stack": "unsloth"}
-    data = {
-        "kind": "context",
-        "started": "2026-12-04T00:00:00+00:00",
-        "profile": {"hardware": "cpu"},
-        "shape": {"name": "0.5b"},
-        "search": {
-            "shape": "0.5b",
-            "dtype": "bfloat16",
-            "budget_gib": 5.0,
-            "completions_per_step": 8,
-            "prompt_words": 16,
-            "levers": dataclasses.asdict(Levers(model="lora", per_device_train_batch_size=8)),
-        },
-        "contenders": [baseline, {**entry, "stack": "trl"}, unsloth, {**skipped, "stack": "trl"}],
-    }
+    probe = schema.Probe(
+        completion_tokens=64,
+        status="ok",
+        fits=True,
+        peak_bytes=4 * GIB,
+        peak_measure=schema.HOST_RSS,
+        predicted_peak_bytes=3 * GIB,
+        wall_s=1.0,
+    )
+    entry = schema.ContenderRun(
+        name="trl-1.16",
+        role="",
+        stack="trl",
+        logits_path="trl-tiled",
+        status="measured",
+        max_completion_tokens=240,
+        first_failing_tokens=256,
+        predicted_max_completion_tokens=704,
+        probes=[probe],
+    )
+    skipped = schema.ContenderRun(
+        name="trl-1.16-liger", role="", stack="trl", logits_path="trl-tiled", status="skipped", reason="needs CUDA"
+    )
+    baseline = dataclasses.replace(entry, name="trl-1.14.2", max_completion_tokens=80, probes=[])
+    unsloth = dataclasses.replace(entry, name="unsloth-2026.10.9", stack="unsloth", probes=[])
+    levers = dataclasses.asdict(Levers(model="lora", per_device_train_batch_size=8))
+    search = schema.Search(
+        shape="0.5b",
+        dtype="bfloat16",
+        budget_gib=5.0,
+        prompt_words=16,
+        start_tokens=64,
+        max_tokens=8192,
+        resolution=0.125,
+        granule=16,
+        contenders=[],
+        levers=levers,
+        searched="completion length",
+        budget_enforced_by="peak RSS of the worker tree",
+        completions_per_step=8,
+    )
+    record = schema.ContextFile(
+        schema_version=schema.SCHEMA_VERSION,
+        kind="context",
+        started="2026-12-04T00:00:00+00:00",
+        complete=True,
+        profile={"hardware": "cpu"},
+        shape=schema.ShapeRecord(name="0.5b", param_count=1),
+        search=search,
+        contenders=[baseline, entry, unsloth, skipped],
+    )
+    data = schema.encode(record)
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "x-context.json").write_text(json.dumps(data))
     results = schema.load_results(tmp_path)

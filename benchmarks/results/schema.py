@@ -8,14 +8,17 @@ only (validated: a bad or truncated file is an error naming the file and the key
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
 import re
 import signal
 import tempfile
+import types
+import typing
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -88,10 +91,454 @@ def marked_incomplete(path: Path, result: dict) -> Iterator[None]:
     write_atomically(path, result)
 
 
+class SchemaError(ValueError):
+    """A result file that is not what its schema says: names the file and the key."""
+
+
+# The records. Every field a reader uses is declared; a key a file holds beyond them is kept in the
+# file and ignored here. Optional fields are those an older file or a status that ended early lacks.
+
+
+@dataclass(kw_only=True)
+class Target:
+    """A target the run measured itself against (quoted from its issue), never asserted in a test."""
+
+    claim: str
+    measured: float | None
+    limit: float
+    met: bool | None
+
+
+@dataclass(kw_only=True)
+class RunFile:
+    """What every result file of the harness opens with: kind and schema, when, where, with what,
+    from which commit, the resolved profile; whether the run is complete and why it ended early."""
+
+    schema_version: int
+    kind: str
+    started: str
+    quick: bool = False
+    machine: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    commit: dict[str, Any] = field(default_factory=dict)
+    profile: dict[str, Any] = field(default_factory=dict)
+    complete: bool = False
+    finished: str | None = None
+    ended_early: str | None = None
+    targets: list[Target] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class ShapeRecord:
+    """The shape a run measured, with its parameter count (``benchmarks.catalog.shapes``)."""
+
+    name: str
+    param_count: int
+    architecture: str = ""
+    hidden_size: int = 0
+    num_hidden_layers: int = 0
+    vocab_size: int = 0
+
+
+@dataclass(kw_only=True)
+class Step:
+    """One optimizer step of a worker: time per phase (exclusive), tokens, exact state bytes, and the
+    peak memory per phase (host RSS; on CUDA the device memory of the run's processes too)."""
+
+    step: int
+    warmup: bool
+    wall_s: float
+    phase_s: dict[str, float]
+    completion_tokens: int = 0
+    completion_tokens_per_s: float = 0.0
+    optimizer_state_bytes: int = 0
+    grad_bytes: int = 0
+    trainable_params: int = 0
+    reference_model_bytes: int = 0
+    cuda_peak_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
+    peak_rss_bytes: dict[str, int] = field(default_factory=dict)
+    peak_device_bytes: dict[str, int] | None = None
+    peak_device_used_bytes: dict[str, int] | None = None
+
+    @property
+    def peaks(self) -> dict[str, int]:
+        """Per phase, the memory that stands for the step: device memory on CUDA, else host RSS."""
+        return self.peak_device_bytes if self.peak_device_bytes is not None else self.peak_rss_bytes
+
+
+HOST_RSS = "host RSS of the worker and its children"
+
+
+@dataclass(kw_only=True)
+class Summary:
+    """Medians and peaks over a configuration's measured steps; ``peak_bytes`` is its headline,
+    ``peak_measure`` says what it measures (device memory on CUDA, host RSS on CPU)."""
+
+    measured_steps: int
+    step_s_median: float
+    step_s_min: float
+    step_s_max: float
+    completion_tokens_per_s_median: float
+    phase_s_median: dict[str, float]
+    peak_bytes: int
+    peak_bytes_by_phase: dict[str, int]
+    peak_measure: str
+    peak_rss_bytes: int
+    peak_rss_bytes_by_phase: dict[str, int]
+    peak_repeat_spread: float
+    optimizer_state_bytes: int
+    grad_bytes: int
+    trainable_params: int
+    reference_model_bytes: int
+
+
+@dataclass(kw_only=True)
+class Harness:
+    """The harness's own cost for one worker, and the GPUs (NVML indices) whose memory it read."""
+
+    wall_s: float
+    sampler_cpu_s: float
+    samples: int
+    overhead_fraction: float
+    gpus: list[int] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class WorkerRecord:
+    """One worker process: status ``ok``, ``oom`` or ``timeout`` (with its phase), ``skipped`` or
+    ``error`` (with the reason); its steps and their summary."""
+
+    status: str
+    steps: list[Step] = field(default_factory=list)
+    summary: Summary | None = None
+    harness: Harness | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    device: dict[str, Any] | None = None  # what the worker said of the GPU it ran on, and its budget there
+    phase: str | None = None
+    reason: str | None = None
+    error: str | None = None
+    log_tail: str | None = None
+    setup_peak_rss_bytes: int = 0
+    unfinished_peak_rss_bytes: dict[str, int] | None = None
+    unfinished_peak_device_bytes: dict[str, int] | None = None
+
+
+@dataclass(kw_only=True)
+class Configuration(WorkerRecord):
+    """A GRPO configuration: its name (the levers its profile varied) and every lever as run."""
+
+    name: str
+    levers: dict[str, Any]
+
+    @property
+    def lever_values(self) -> Levers:
+        return Levers(**self.levers)
+
+
+@dataclass(kw_only=True)
+class GrpoFile(RunFile):
+    shape: ShapeRecord
+    configurations: list[Configuration] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class KernelRate:
+    median_gb_s: float
+    min_gb_s: float
+    max_gb_s: float
+    bytes_per_pass: int
+
+
+@dataclass(kw_only=True)
+class Ceiling:
+    """The bandwidth probe: every kernel's rate, and the one that stands as the device's ceiling."""
+
+    device: str
+    array_bytes: int
+    repeats: int
+    copy: KernelRate
+    read: KernelRate
+    triad: KernelRate
+    threads: int | None = None
+
+
+@dataclass(kw_only=True)
+class BestKernel(KernelRate):
+    kernel: str
+
+
+@dataclass(kw_only=True)
+class RolloutShape:
+    sequences: int
+    prompt_tokens: int
+    completion_tokens: int
+    dtype_bytes: float
+    what: str
+
+
+@dataclass(kw_only=True)
+class Projection:
+    """Predicted rollout seconds of one GRPO step for a size class on a hardware class at a bandwidth."""
+
+    hardware: str
+    shape: str
+    basis: str
+    gb_per_s: float
+    rollout_s: float
+    weights_gib: float
+    predicted: bool = True
+
+
+@dataclass(kw_only=True)
+class DecodePoint:
+    """One engine at one batch x context: time to first token, decode speed and achieved GB/s; or
+    skipped or error with the reason."""
+
+    engine: str
+    status: str
+    batch: int | None = None
+    context: int | None = None
+    reason: str | None = None
+    new_tokens: int | None = None
+    ttft_s: float | None = None
+    decode_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    bytes_per_step: float | None = None
+    bytes_per_step_midway: dict[str, Any] | None = None
+    achieved_gb_s: float | None = None
+    repeats: int | None = None
+    execution: str | None = None
+    efficiency_vs_ceiling: float | None = None
+    within_ceiling: bool | None = None
+    efficiency_vs_spec: float | None = None
+
+
+@dataclass(kw_only=True)
+class DecodeFile(RunFile):
+    ceiling: Ceiling
+    projection_rollout: RolloutShape | None = None
+    device_ceiling: BestKernel | None = None
+    projections: list[Projection] = field(default_factory=list)
+    sweep: list[DecodePoint] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Search:
+    """The context search's settings: ``benchmarks.catalog.profiles.ContextBench`` as it ran."""
+
+    shape: str
+    dtype: str
+    budget_gib: float
+    prompt_words: int
+    start_tokens: int
+    max_tokens: int
+    resolution: float
+    granule: int
+    contenders: list[str]
+    levers: dict[str, Any]
+    searched: str
+    budget_enforced_by: str
+    completions_per_step: int
+    probe_timeout_s: float | None = None
+
+
+@dataclass(kw_only=True)
+class Probe:
+    """One probe of the search: a whole GRPO step at one completion length, fitting or not."""
+
+    completion_tokens: int
+    status: str
+    fits: bool
+    peak_bytes: int | None
+    peak_measure: str
+    predicted_peak_bytes: int
+    wall_s: float
+    peak_bytes_by_phase: dict[str, int] = field(default_factory=dict)
+    phase: str | None = None
+    reason: str | None = None
+    step_s: float | None = None
+    phase_s: dict[str, float] | None = None
+    device: dict[str, Any] | None = None
+    log_tail: str | None = None
+
+
+@dataclass(kw_only=True)
+class ContenderRun:
+    """One contender's search: every probe, the longest fitting and first failing length, and the
+    analytic model's maxima (alone, and anchored on the smallest fitting probe)."""
+
+    name: str
+    role: str
+    stack: str
+    logits_path: str
+    status: str  # measured, skipped or error
+    probes: list[Probe] = field(default_factory=list)
+    reason: str | None = None
+    versions: dict[str, str] | None = None
+    max_completion_tokens: int | None = None
+    first_failing_tokens: int | None = None
+    at_ceiling: bool = False
+    predicted_max_completion_tokens: int | None = None
+    anchored_max_completion_tokens: int | None = None
+
+
+@dataclass(kw_only=True)
+class Verdict:
+    seed_claim: str
+    unsloth_claim: str
+    claimed_ratio: float
+    measured_ratio_vs_unchunked: float | None
+    predicted_ratio_vs_unchunked: float | None
+    text: str
+    anchored_ratio_vs_unchunked: float | None = None
+
+
+@dataclass(kw_only=True)
+class LogitsShare:
+    """The analytic model's training phase at a contender's maximum: the logits term against the rest."""
+
+    completion_tokens: int
+    logits_bytes: int
+    rest_bytes: int
+    terms: dict[str, int]
+
+
+@dataclass(kw_only=True)
+class ContextFile(RunFile):
+    search: Search
+    shape: ShapeRecord
+    contenders: list[ContenderRun] = field(default_factory=list)
+    ratios: dict[str, dict[str, float | None]] | None = None
+    verdict: Verdict | None = None
+    prediction: dict[str, LogitsShare] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class RowInfo:
+    """What a reward benchmark row measured: which reward, whose code, on which inputs, how fast."""
+
+    reward: str
+    implementation: str
+    batch: int
+    words: int
+    format: str
+    completions_per_s: float
+    p50_latency_s: float | None = None
+    p99_latency_s: float | None = None
+
+
+@dataclass(kw_only=True)
+class RowStats:
+    """pytest-benchmark's statistics of a row (seconds per call); its raw rounds are not kept."""
+
+    median: float
+    iqr: float
+    rounds: int
+
+
+@dataclass(kw_only=True)
+class BenchmarkRow:
+    name: str
+    extra_info: RowInfo
+    stats: RowStats
+
+
+@dataclass(kw_only=True)
+class RewardTarget:
+    claim: str
+    minimum_ratio: float
+    lowest_ratio: float | None
+    met: bool | None
+    within_noise: bool = False
+
+
+@dataclass(kw_only=True)
+class RewardsBlock:
+    """The suite's block inside pytest-benchmark's file: schema, class, profile, versions, sandbox,
+    skipped rows with their reasons, targets against the seed's code."""
+
+    schema_version: int
+    kind: str
+    hardware_class: str
+    profile: dict[str, Any]
+    versions: dict[str, str]
+    sandbox: dict[str, Any]
+    skipped: list[dict[str, str]]
+    targets: list[RewardTarget]
+    quick: bool = False
+    complete: bool = True
+    rewritten: dict[str, str] | None = None
+
+
+@dataclass(kw_only=True)
+class RewardsFile:
+    """pytest-benchmark's JSON with the suite's ``grpo_bench`` block."""
+
+    datetime: str
+    benchmarks: list[BenchmarkRow]
+    grpo_bench: RewardsBlock
+
+
+FILES: dict[str, type] = {"grpo": GrpoFile, "decode": DecodeFile, "context": ContextFile, "rewards": RewardsFile}
+
+
+def decode(cls: type, value: Any, where: str) -> Any:
+    """``value`` (parsed JSON) as the record type ``cls``; a SchemaError naming ``where`` and the key."""
+    hints = typing.get_type_hints(cls)
+    if not isinstance(value, dict):
+        raise SchemaError(f"{where}: expected an object, got {type(value).__name__}")
+    given = {}
+    for item in dataclasses.fields(cls):
+        if item.name in value:
+            given[item.name] = _decoded(hints[item.name], value[item.name], _key(where, item.name))
+        elif item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING:
+            raise SchemaError(f"{where}: missing key {item.name!r}")
+    return cls(**given)
+
+
+def _key(where: str, key: str) -> str:
+    """``file: a.b[2].c``: the file, then the key's path inside it."""
+    return f"{where}.{key}" if ": " in where else f"{where}: {key}"
+
+
+def _decoded(hint: Any, value: Any, where: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        return _decoded(next(a for a in args if a is not type(None)), value, where)
+    if dataclasses.is_dataclass(hint):
+        return decode(hint, value, where)
+    if hint is Any:
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise SchemaError(f"{where}: expected a list, got {type(value).__name__}")
+        return [_decoded(args[0], item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise SchemaError(f"{where}: expected an object, got {type(value).__name__}")
+        return {key: _decoded(args[1], item, _key(where, key)) for key, item in value.items()}
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if (hint is float and number) or (hint is int and number and float(value).is_integer()):
+        return hint(value)
+    if hint in (str, bool) and isinstance(value, hint):
+        return value
+    raise SchemaError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__} {value!r}")
+
+
+def encode(record: Any) -> dict[str, Any]:
+    """A record as the JSON its file holds."""
+    return dataclasses.asdict(record)
+
+
 @dataclass(frozen=True)
 class Result:
-    path: str  # relative to the results directory
+    """A result file as loaded: its record (one of FILES), and what the tables need to choose it."""
+
+    path: str  # relative to the results directory, or as named
     data: dict
+    record: Any  # GrpoFile, DecodeFile, ContextFile or RewardsFile
     kind: str
     hardware: str
     date: str  # YYYY-MM-DD the run started
@@ -136,6 +583,27 @@ def require_keys(data: dict, path: str, *keys: str) -> None:
             raise ValueError(f"{path}: missing key {key!r}")
 
 
+def upgrade(data: dict, kind: str) -> dict:
+    """A file of an older schema as the current records read it (the file itself is never edited):
+    schema 1 had no ``complete`` flag, and its GRPO summaries headlined host RSS only."""
+    header = data.get("grpo_bench", data)
+    if "complete" not in header:
+        header = {**header, "complete": is_complete(data, kind)}
+        data = {**data, "grpo_bench": header} if "grpo_bench" in data else header
+    if kind == "grpo":
+        data = {**data, "configurations": [_upgraded_configuration(c) for c in data.get("configurations", [])]}
+    return data
+
+
+def _upgraded_configuration(record: dict) -> dict:
+    summary = record.get("summary") or None
+    if summary and "peak_bytes" not in summary:
+        by_phase = summary.get("peak_rss_bytes_by_phase", {})
+        summary = {**summary, "peak_bytes": summary.get("peak_rss_bytes", 0), "peak_bytes_by_phase": by_phase}
+        summary["peak_measure"] = HOST_RSS
+    return {**record, "summary": summary}
+
+
 def read_result(path: Path, name: str) -> Result:
     """One result file, ``name`` as it is to be cited; an error naming the file and the key that
     is missing or bad."""
@@ -150,9 +618,13 @@ def read_result(path: Path, name: str) -> Result:
     else:
         require_keys(data, name, "kind", "profile", "started")
         header, kind, hardware, started = data, data["kind"], data["profile"]["hardware"], data["started"]
-    shape = data["shape"]["name"] if kind in ("grpo", "context") else None
+    if kind not in FILES:
+        raise SchemaError(f"{name}: kind {kind!r} is not one of {', '.join(FILES)}")
+    record = decode(FILES[kind], upgrade(data, kind), name)
+    shape = record.shape.name if kind in ("grpo", "context") else None
     whole, quick = is_whole(data, kind, name), bool(header.get("quick"))
-    return Result(name, data, kind, hardware, started[:10], is_complete(data, kind), whole, quick, shape)
+    complete = record.grpo_bench.complete if kind == "rewards" else record.complete
+    return Result(name, data, record, kind, hardware, started[:10], complete, whole, quick, shape)
 
 
 def load_results(directory: Path) -> list[Result]:
