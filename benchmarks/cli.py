@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
 import os
 import platform
 import subprocess
@@ -86,9 +85,9 @@ def run_rewards(profile: profiles.Profile, quick: bool, out: Path) -> Path:
         done = subprocess.run(command, cwd=REPO)
         if not partial.exists():
             raise SystemExit(f"reward benchmarks wrote no result (pytest exit {done.returncode})")
-        data = json.loads(partial.read_text())
-        data["grpo_bench"]["complete"] = done.returncode == 0  # a failed row: the file keeps those that ran
-        schema.write_atomically(target, data)
+        result = schema.read_result(partial, str(target)).record
+        result.grpo_bench.complete = done.returncode == 0  # a failed row: the file keeps those that ran
+        schema.write(target, result)
     if done.returncode != 0:
         print(f"warning: pytest exited {done.returncode}; the result file keeps the rows that ran")
     return target
@@ -100,23 +99,22 @@ def shown(path: Path) -> Path:
 
 
 def print_rewards_summary(path: Path) -> None:
-    data = json.loads(path.read_text())
+    run = schema.read_result(path, str(path)).record
     print(f"\n{'reward':42} {'impl':10} {'batch':>5} {'words':>5} {'format':14} {'completions/s':>13}  p50/p99 s")
-    for row in sorted(data["benchmarks"], key=lambda r: (r["extra_info"]["reward"], r["extra_info"]["batch"])):
-        info = row["extra_info"]
-        latency = f"{info['p50_latency_s']:.3f}/{info['p99_latency_s']:.3f}" if "p50_latency_s" in info else ""
+    for info in sorted((row.extra_info for row in run.benchmarks), key=lambda i: (i.reward, i.batch)):
+        latency = f"{info.p50_latency_s:.3f}/{info.p99_latency_s:.3f}" if info.p50_latency_s is not None else ""
         print(
-            f"{info['reward']:42} {info['implementation']:10} {info['batch']:>5} {info['words']:>5} "
-            f"{info['format']:14} {info['completions_per_s']:>13,.0f}  {latency}"
+            f"{info.reward:42} {info.implementation:10} {info.batch:>5} {info.words:>5} "
+            f"{info.format:14} {info.completions_per_s:>13,.0f}  {latency}"
         )
-    for target in data["grpo_bench"]["targets"]:
-        lowest = target["lowest_ratio"]
+    for target in run.grpo_bench.targets:
+        lowest = target.lowest_ratio
         verdict = (
-            "not measured" if lowest is None else f"lowest ratio {lowest:.2f}x: {'met' if target['met'] else 'MISSED'}"
+            "not measured" if lowest is None else f"lowest ratio {lowest:.2f}x: {'met' if target.met else 'MISSED'}"
         )
-        if target["within_noise"] and lowest is not None:
+        if target.within_noise and lowest is not None:
             verdict += " (within the rows' spread)"
-        print(f"target: {target['claim']} (>= {target['minimum_ratio']:g}x): {verdict}")
+        print(f"target: {target.claim} (>= {target.minimum_ratio:g}x): {verdict}")
 
 
 def parse_levers(text: str) -> profiles.Levers:

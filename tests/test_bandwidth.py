@@ -93,37 +93,43 @@ def test_the_decode_report_follows_its_result_file(tmp_path):
     from benchmarks.catalog import profiles
     from benchmarks.model.bandwidth import projections
     from benchmarks.report.figures import write_decode_report
+    from benchmarks.results import schema
 
-    best = {"kernel": "triad", "median_gb_s": 20.0, "min_gb_s": 19.0, "max_gb_s": 21.0}
-    row = {
-        "engine": "vllm",
-        "batch": 1,
-        "context": 128,
-        "status": "ok",
-        "ttft_s": 0.5,
-        "decode_tokens_per_s": 11.0,
-        "achieved_gb_s": 18.0,
-        "efficiency_vs_ceiling": 0.9,
-    }
-    skipped = {"engine": "vllm", "batch": 8, "context": 4096, "status": "skipped", "reason": "too slow here"}
+    rate = {"median_gb_s": 20.0, "min_gb_s": 19.0, "max_gb_s": 21.0, "bytes_per_pass": 1}
+    row = schema.DecodePoint(
+        engine="vllm",
+        batch=1,
+        context=128,
+        status="ok",
+        ttft_s=0.5,
+        decode_tokens_per_s=11.0,
+        achieved_gb_s=18.0,
+        efficiency_vs_ceiling=0.9,
+    )
+    skipped = schema.DecodePoint(engine="vllm", batch=8, context=4096, status="skipped", reason="too slow here")
     profile = profiles.load("cpu")
-    result = {
-        "kind": "decode",
-        "machine": {"cpu": "a CPU", "cores": 2},
-        "commit": {"id": "abcdef1234", "dirty": False},
-        "started": "now",
-        "profile": profile.as_dict(),
-        "device_ceiling": best,
-        "sweep": [row, skipped],
-        "projection_rollout": {
-            "sequences": 64,
-            "prompt_tokens": 256,
-            "completion_tokens": 1024,
-            "dtype_bytes": 2,
-            "what": "decode only",
-        },
-        "projections": projections(profile, 20.0),
-    }
+    record = schema.DecodeFile(
+        schema_version=schema.SCHEMA_VERSION,
+        kind="decode",
+        started="now",
+        complete=True,
+        machine=schema.Machine(cpu="a CPU", cores=2),
+        commit=schema.Commit(id="abcdef1234"),
+        profile=schema.decode(schema.ProfileRecord, profile.as_dict(), "profile"),
+        ceiling=schema.Ceiling(
+            device="cpu",
+            array_bytes=1,
+            repeats=1,
+            **{kernel: schema.KernelRate(**rate) for kernel in ("copy", "read", "triad")},
+        ),
+        device_ceiling=schema.BestKernel(kernel="triad", **rate),
+        sweep=[row, skipped],
+        projection_rollout=schema.RolloutShape(
+            sequences=64, prompt_tokens=256, completion_tokens=1024, dtype_bytes=2, what="decode only"
+        ),
+        projections=[schema.Projection(**p) for p in projections(profile, 20.0)],
+    )
+    result = schema.encode(record)
     path = tmp_path / "run-decode.json"
     path.write_text(json.dumps(result))
     table, image = write_decode_report(path)
@@ -138,5 +144,8 @@ def test_a_file_that_is_not_a_decode_result_is_named_in_the_error(tmp_path):
 
     path = tmp_path / "old-decode.json"
     path.write_text('{"kind": "decode", "ceiling": {}}')
-    with pytest.raises(ValueError, match=r"old-decode.json: missing key 'device_ceiling'"):
+    with pytest.raises(ValueError, match=r"old-decode.json: missing key 'schema_version'"):
+        write_decode_report(path)
+    path.write_text('{"kind": "decode", "schema_version": 2, "started": "x", "profile": {"hardware": "cpu"}, "ceil')
+    with pytest.raises(ValueError, match=r"old-decode.json: not JSON"):  # truncated
         write_decode_report(path)

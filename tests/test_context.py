@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks.catalog.profiles import load, load_hardware, load_shapes
 from benchmarks.cli import main
+from benchmarks.results import schema
 from benchmarks.run import context
 
 
@@ -54,19 +55,21 @@ def test_the_analytic_model_orders_the_loss_paths_as_their_logits_terms():
     }
     assert longest["materialised"] < longest["trl-tiled"] < longest["row-chunked"]
     share = context.logits_share(settings, hardware, longest["materialised"], "materialised")
-    assert share["logits_bytes"] == share["terms"]["logits"] > 0.3 * share["rest_bytes"]
+    assert share.logits_bytes == share.terms["logits"] > 0.3 * share.rest_bytes
 
 
 def entry(name, best, at_ceiling=False, predicted=None):
     stack = "unsloth" if name.startswith("unsloth") else "trl"
-    return {
-        "name": name,
-        "stack": stack,
-        "status": "measured",
-        "max_completion_tokens": best,
-        "at_ceiling": at_ceiling,
-        "predicted_max_completion_tokens": predicted or best,
-    }
+    return schema.ContenderRun(
+        name=name,
+        role="",
+        stack=stack,
+        logits_path="trl-tiled",
+        status="measured",
+        max_completion_tokens=best,
+        at_ceiling=at_ceiling,
+        predicted_max_completion_tokens=predicted or best,
+    )
 
 
 def test_ratios_and_verdict_quote_the_claim_and_follow_the_numbers():
@@ -76,15 +79,15 @@ def test_ratios_and_verdict_quote_the_claim_and_follow_the_numbers():
     assert table["unsloth-2026.10.9"]["predicted_vs_trl-1.14.2"] == 6.0
     assert table["unsloth-2026.10.9"]["measured_vs_trl-1.16"] == 2.0
     said = context.verdict(contenders, table, cuda=False)
-    assert "7x" in said["seed_claim"] and "12x" in said["unsloth_claim"]
-    assert "holds here" in said["text"] and "CPU backend" in said["text"]
+    assert "7x" in said.seed_claim and "12x" in said.unsloth_claim
+    assert "holds here" in said.text and "CPU backend" in said.text
 
     contenders[2] = entry("unsloth-2026.10.9", 300)
     said = context.verdict(contenders, context.ratios(contenders), cuda=False)
-    assert "3.0x" in said["text"] and "not reproduced" in said["text"]
+    assert "3.0x" in said.text and "not reproduced" in said.text
 
     contenders[2] = entry("unsloth-2026.10.9", 900, at_ceiling=True)
-    assert "lower bound" in context.verdict(contenders, context.ratios(contenders), cuda=True)["text"]
+    assert "lower bound" in context.verdict(contenders, context.ratios(contenders), cuda=True).text
 
 
 def test_a_contender_that_needs_cuda_is_skipped_with_the_reason(tmp_path):
@@ -92,7 +95,7 @@ def test_a_contender_that_needs_cuda_is_skipped_with_the_reason(tmp_path):
     result = context.run_contender(
         "trl-1.16-liger", sys.executable, settings, tmp_path, load_hardware()["cpu"], cuda=False, logs=tmp_path
     )
-    assert result["status"] == "skipped" and "Triton" in result["reason"] and result["probes"] == []
+    assert result.status == "skipped" and "Triton" in result.reason and result.probes == []
 
 
 @pytest.mark.parametrize(
@@ -127,16 +130,16 @@ def tiny_settings(budget_gib, **changes):
 def test_probes_run_real_steps_and_stop_at_the_ceiling(tiny, tmp_path):
     settings = tiny_settings(8.0, start_tokens=16, max_tokens=32)
     result = context.run_contender("trl-1.16", sys.executable, settings, tiny, load_hardware()["cpu"], False, tmp_path)
-    assert result["status"] == "measured", result.get("reason")
-    assert [p["completion_tokens"] for p in result["probes"]] == [16, 32]
-    assert all(p["fits"] and p["peak_bytes"] > 0 and p["step_s"] > 0 for p in result["probes"])
-    assert result["max_completion_tokens"] == 32 and result["at_ceiling"]
-    assert result["versions"]["trl"].startswith("1.16")
+    assert result.status == "measured", result.get("reason")
+    assert [p.completion_tokens for p in result.probes] == [16, 32]
+    assert all(p.fits and p.peak_bytes > 0 and p.step_s > 0 for p in result.probes)
+    assert result.max_completion_tokens == 32 and result.at_ceiling
+    assert result.versions["trl"].startswith("1.16")
 
 
 def test_a_budget_below_the_runtime_fits_nothing_and_every_probe_says_where(tiny, tmp_path):
     settings = tiny_settings(0.15, start_tokens=32, max_tokens=64)
     result = context.run_contender("trl-1.16", sys.executable, settings, tiny, load_hardware()["cpu"], False, tmp_path)
-    assert result["max_completion_tokens"] is None and result["first_failing_tokens"] == 16
-    assert [p["status"] for p in result["probes"]] == ["oom", "oom"]
-    assert all(p["phase"] and "budget" in p["reason"] for p in result["probes"])
+    assert result.max_completion_tokens is None and result.first_failing_tokens == 16
+    assert [p.status for p in result.probes] == ["oom", "oom"]
+    assert all(p.phase and "budget" in p.reason for p in result.probes)

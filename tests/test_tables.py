@@ -132,7 +132,8 @@ def test_a_cuda_run_is_headlined_by_device_memory_not_host_rss(tmp_path):
     assert "90.0 GiB device" in row["H200-class (140.4 GiB)"]
     from benchmarks.report.validation import measured_phases
 
-    assert measured_phases(data["configurations"][0]) == {"rollout": int(60 * GIB), "training": int(90 * GIB)}
+    configuration = schema.read_result(path, path.name).record.configurations[0]
+    assert measured_phases(configuration) == {"rollout": int(60 * GIB), "training": int(90 * GIB)}
 
 
 def test_a_run_that_ran_out_of_memory_is_a_measured_does_not_fit(tmp_path):
@@ -246,7 +247,7 @@ def test_compare_refuses_a_quick_run_beside_a_full_one(tmp_path):
 def test_a_bad_result_file_is_named(tmp_path):
     (tmp_path / "h200").mkdir()
     (tmp_path / "h200" / "x-grpo.json").write_text('{"kind": "grpo"}')
-    with pytest.raises(ValueError, match=r"h200/x-grpo.json: missing key 'profile'"):
+    with pytest.raises(ValueError, match=r"h200/x-grpo.json: missing key 'schema_version'"):
         schema.load_results(tmp_path)
     (tmp_path / "h200" / "x-grpo.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"h200/x-grpo.json: not JSON"):

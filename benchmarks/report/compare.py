@@ -21,8 +21,8 @@ from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.model.estimate import GIB
 from benchmarks.report.figures import decode_figure
 from benchmarks.report.tables import markdown_head
-from benchmarks.report.validation import headline_peak, measured_phases, predict_configuration
-from benchmarks.results.schema import Result, load_results, read_result
+from benchmarks.report.validation import measured_phases, predict_configuration
+from benchmarks.results.schema import GrpoFile, Result, load_results, read_result
 
 KINDS = ("grpo", "decode", "context", "rewards")
 PHASE_ORDER = ("setup", "rollout", "sleep_wake", "reward", "scoring", "logprob", "forward_backward", "optimizer")
@@ -84,7 +84,7 @@ def _comparable(result: Result) -> bool:
     that ran."""
     if result.quick or not result.complete or not result.whole:
         return False
-    return result.kind != "grpo" or any(c["status"] == "ok" for c in result.data.get("configurations", []))
+    return not isinstance(result.record, GrpoFile) or any(c.status == "ok" for c in result.record.configurations)
 
 
 def _ratio(value: float | None, base: float | None) -> str:
@@ -92,22 +92,20 @@ def _ratio(value: float | None, base: float | None) -> str:
 
 
 def grpo_rows(sides: list[Side]) -> list[str]:
-    runs = [(s, s.files["grpo"]) for s in sides if "grpo" in s.files]
+    runs = [(s, s.files["grpo"].record) for s in sides if "grpo" in s.files]
     if len(runs) < 2:
         return []
     # Like with like by lever values, not names: a name lists only the levers its profile varied, and
     # files of other versions carry levers the older ones lack; match on the levers every side records.
-    recorded = [{k for c in r.data["configurations"] for k in c["levers"]} for _, r in runs]
+    recorded = [{lever for c in run.configurations for lever in c.levers} for _, run in runs]
     levers = sorted(set.intersection(*recorded))
-    by_levers = [{tuple(c["levers"][k] for k in levers): c for c in r.data["configurations"]} for _, r in runs]
+    by_levers = [{tuple(c.levers[k] for k in levers): c for c in run.configurations} for _, run in runs]
     common = [key for key in by_levers[0] if all(key in other for other in by_levers[1:])]
-    measures = sorted(
-        {headline_peak(c["summary"])[1] for _, r in runs for c in r.data["configurations"] if c.get("summary")}
-    )
+    measures = sorted({c.summary.peak_measure for _, run in runs for c in run.configurations if c.summary})
     header = ["configuration"] + [f"{s.label} s/step, peak GiB" for s, _ in runs] + ["ratio s/step, peak"]
     lines = [
         f"GRPO configurations in every side ({len(common)}; shapes: "
-        + ", ".join(f"{s.label} {r.data['shape']['name']}" for s, r in runs)
+        + ", ".join(f"{s.label} {run.shape.name}" for s, run in runs)
         + "); peak: "
         + "; ".join(measures),
         "",
@@ -115,76 +113,71 @@ def grpo_rows(sides: list[Side]) -> list[str]:
     ]
     for key in common:
         records = [configurations[key] for configurations in by_levers]
-        name = records[0]["name"]
         cells, speeds, peaks = [], [], []
         for record in records:
-            summary = record.get("summary") or {}
-            if record["status"] != "ok" or not summary:
-                cells.append(record["status"])
+            summary = record.summary
+            if record.status != "ok" or summary is None:
+                cells.append(record.status)
                 speeds.append(None)
                 peaks.append(None)
                 continue
-            speeds.append(summary["step_s_median"])
-            peak, _ = headline_peak(summary)
-            peaks.append(peak)
-            cells.append(f"{summary['step_s_median']:.2f}, {peak / GIB:.2f}")
+            speeds.append(summary.step_s_median)
+            peaks.append(summary.peak_bytes)
+            cells.append(f"{summary.step_s_median:.2f}, {summary.peak_bytes / GIB:.2f}")
         ratio = f"{_ratio(speeds[-1], speeds[0])}, {_ratio(peaks[-1], peaks[0])}"
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} |")
+        lines.append(f"| {records[0].name} | " + " | ".join(cells) + f" | {ratio} |")
     return lines + [""]
 
 
+def _swept(side: Side) -> bool:
+    return "decode" in side.files and bool(side.files["decode"].record.sweep)
+
+
 def decode_rows(sides: list[Side]) -> list[str]:
-    runs = [(s, s.files["decode"]) for s in sides if "decode" in s.files and "sweep" in s.files["decode"].data]
+    runs = [(s, s.files["decode"].record) for s in sides if _swept(s)]
     if len(runs) < 2:
         return []
-
-    def points(result: Result) -> dict:
-        return {(r["engine"], r["batch"], r["context"]): r for r in result.data["sweep"] if r["status"] == "ok"}
-
-    tables = [points(r) for _, r in runs]
+    tables = [{(r.engine, r.batch, r.context): r for r in run.sweep if r.status == "ok"} for _, run in runs]
     common = [k for k in tables[0] if all(k in t for t in tables[1:])]
     header = ["engine, batch, context"] + [f"{s.label} GB/s (of ceiling)" for s, _ in runs] + ["ratio"]
     lines = ["Decode points in every side:", "", *markdown_head(header)]
     for key in common:
         rows = [t[key] for t in tables]
-        cells = [f"{r['achieved_gb_s']:.2f} ({r['efficiency_vs_ceiling']:.0%})" for r in rows]
+        cells = [f"{r.achieved_gb_s:.2f} ({r.efficiency_vs_ceiling:.0%})" for r in rows]
         lines.append(
             f"| {', '.join(map(str, key))} | "
             + " | ".join(cells)
-            + f" | {_ratio(rows[-1]['achieved_gb_s'], rows[0]['achieved_gb_s'])} |"
+            + f" | {_ratio(rows[-1].achieved_gb_s, rows[0].achieved_gb_s)} |"
         )
     return lines + [""]
 
 
+def _contenders(runs: list) -> list[str]:
+    return list(dict.fromkeys(c.name for _, run in runs for c in run.contenders))
+
+
 def context_rows(sides: list[Side]) -> list[str]:
-    runs = [(s, s.files["context"]) for s in sides if "context" in s.files]
+    runs = [(s, s.files["context"].record) for s in sides if "context" in s.files]
     if len(runs) < 2:
         return []
-    names = list(dict.fromkeys(c["name"] for _, r in runs for c in r.data["contenders"]))
     header = ["contender"] + [f"{s.label} max tokens" for s, _ in runs] + ["ratio"]
     lines = ["Max completion tokens per contender:", "", *markdown_head(header)]
-    for name in names:
-        values = []
-        for _, result in runs:
-            entry = next((c for c in result.data["contenders"] if c["name"] == name), None)
-            values.append(entry.get("max_completion_tokens") if entry else None)
+    for name in _contenders(runs):
+        entries = [next((c for c in run.contenders if c.name == name), None) for _, run in runs]
+        values = [entry.max_completion_tokens if entry else None for entry in entries]
         cells = [str(v) if v is not None else "-" for v in values]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {_ratio(values[-1], values[0])} |")
     return lines + [""]
 
 
 def rewards_rows(sides: list[Side]) -> list[str]:
-    runs = [(s, s.files["rewards"]) for s in sides if "rewards" in s.files]
+    runs = [(s, s.files["rewards"].record) for s in sides if "rewards" in s.files]
     if len(runs) < 2:
         return []
-
-    def rates(result: Result) -> dict:
-        return {
-            (i["reward"], i["implementation"], i["batch"], i["words"], i["format"]): i["completions_per_s"]
-            for i in (b["extra_info"] for b in result.data["benchmarks"])
-        }
-
-    tables = [rates(r) for _, r in runs]
+    tables = [
+        {(i.reward, i.implementation, i.batch, i.words, i.format): i.completions_per_s for i in infos}
+        for infos in ([b.extra_info for b in run.benchmarks] for _, run in runs)
+    ]
     common = [k for k in tables[0] if all(k in t for t in tables[1:]) and k[1] == "grpo-bench" and k[4] == "str"]
     header = ["reward, batch, words"] + [f"{s.label} completions/s" for s, _ in runs] + ["ratio"]
     lines = ["Reward throughput in every side:", "", *markdown_head(header)]
@@ -210,13 +203,13 @@ def _pyplot():
 def memory_breakdown_figure(side: Side, path: Path) -> None:
     """Per configuration: the model's training-phase terms stacked, beside the measured peak."""
     plt = _pyplot()
-    result = side.files["grpo"]
+    run = side.files["grpo"].record
     shapes, hardware = load_shapes(), load_hardware()
-    numbered = [(n, c) for n, c in enumerate(result.data["configurations"], 1) if c["status"] == "ok"]
+    numbered = [(n, c) for n, c in enumerate(run.configurations, 1) if c.status == "ok"]
     records = [c for _, c in numbered]
-    terms = {}
+    terms: dict[str, list[float]] = {}
     for index, record in enumerate(records):
-        for term, value in predict_configuration(result.data, record, shapes, hardware).phases["training"].items():
+        for term, value in predict_configuration(run, record, shapes, hardware).phases["training"].items():
             terms.setdefault(term, [0.0] * len(records))[index] = value / GIB
     figure, axes = plt.subplots(figsize=(max(6, 1.1 * len(records)), 4.5))
     positions = range(len(records))
@@ -238,20 +231,18 @@ def memory_breakdown_figure(side: Side, path: Path) -> None:
 def memory_by_phase_figure(side: Side, path: Path) -> None:
     """Through one measured step of each configuration: each phase's peak, at its place in time."""
     plt = _pyplot()
-    result = side.files["grpo"]
     figure, axes = plt.subplots(figsize=(8, 4.5))
-    for number, record in enumerate(result.data["configurations"], 1):
-        steps = [s for s in record.get("steps", []) if not s.get("warmup")]
-        if record["status"] != "ok" or not steps:
+    for number, record in enumerate(side.files["grpo"].record.configurations, 1):
+        steps = [s for s in record.steps if not s.warmup]
+        if record.status != "ok" or not steps:
             continue
         step = steps[-1]
-        peaks = step.get("peak_device_bytes") or step["peak_rss_bytes"]  # device memory on CUDA
         elapsed, xs, ys = 0.0, [], []
         for phase in PHASE_ORDER:
-            if phase in step["phase_s"] and phase in peaks:
-                xs += [elapsed, elapsed + step["phase_s"][phase]]
-                ys += [peaks[phase] / GIB] * 2
-                elapsed += step["phase_s"][phase]
+            if phase in step.phase_s and phase in step.peaks:  # device memory on CUDA, host RSS on CPU
+                xs += [elapsed, elapsed + step.phase_s[phase]]
+                ys += [step.peaks[phase] / GIB] * 2
+                elapsed += step.phase_s[phase]
         axes.plot(xs, ys, label=f"{number}")
     axes.set(xlabel="seconds into the step (phases in order, exclusive time)", ylabel="peak GiB in the phase")
     axes.set_title(f"{side.label}: memory by phase through a measured step")
@@ -263,15 +254,15 @@ def memory_by_phase_figure(side: Side, path: Path) -> None:
 
 def context_figure(sides: list[Side], path: Path) -> None:
     plt = _pyplot()
-    runs = [(s, s.files["context"]) for s in sides if "context" in s.files]
-    names = list(dict.fromkeys(c["name"] for _, r in runs for c in r.data["contenders"]))
+    runs = [(s, s.files["context"].record) for s in sides if "context" in s.files]
+    names = _contenders(runs)
     figure, axes = plt.subplots(figsize=(8, 4.5))
     width = 0.8 / max(1, len(runs))
-    for offset, (side, result) in enumerate(runs):
-        entries = {c["name"]: c for c in result.data["contenders"]}
+    for offset, (side, run) in enumerate(runs):
+        entries = {c.name: c for c in run.contenders}
         xs = [i + offset * width for i in range(len(names))]
-        measured = [entries.get(n, {}).get("max_completion_tokens") or 0 for n in names]
-        predicted = [entries.get(n, {}).get("predicted_max_completion_tokens") or 0 for n in names]
+        measured = [(entries[n].max_completion_tokens if n in entries else None) or 0 for n in names]
+        predicted = [(entries[n].predicted_max_completion_tokens if n in entries else None) or 0 for n in names]
         axes.bar(xs, measured, width, label=f"{side.label}: measured")
         axes.scatter(xs, predicted, marker="_", s=300, color="black", zorder=3)
     axes.scatter([], [], marker="_", color="black", label="predicted (analytic model)")
@@ -299,9 +290,9 @@ def write_comparison(sides: list[Side], out: Path) -> list[Path]:
             ):
                 figures.append(out / f"{name}-{side.label}.png")
                 draw(side, figures[-1])
-        if "decode" in side.files and "sweep" in side.files["decode"].data:
+        if _swept(side):
             figures.append(out / f"decode-{side.label}.png")
-            decode_figure(side.files["decode"].data, figures[-1])
+            decode_figure(side.files["decode"].record, figures[-1])
     if any("context" in s.files for s in sides):
         figures.append(out / "context.png")
         context_figure(sides, figures[-1])
@@ -317,8 +308,7 @@ def _numbering(sides: Iterable[Side]) -> list[str]:
     for side in sides:
         if "grpo" in side.files:
             lines += [f"Configurations of {side.label} as numbered in its figures:", ""]
-            lines += [
-                f"{i}. {c['name']} ({c['status']})" for i, c in enumerate(side.files["grpo"].data["configurations"], 1)
-            ]
+            configurations = side.files["grpo"].record.configurations
+            lines += [f"{i}. {c.name} ({c.status})" for i, c in enumerate(configurations, 1)]
             lines.append("")
     return lines

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model.estimate import GIB, Workload, engine_need, estimate
-from benchmarks.report.validation import headline_peak, validate
-from benchmarks.results.schema import Result, load_results, require_keys
+from benchmarks.report.validation import validate
+from benchmarks.results.schema import ContextFile, DecodeFile, GrpoFile, Result, RewardsFile, load_results
 from benchmarks.run import context
 
 TABLES = ("sizing", "decode", "context", "rewards", "model")
@@ -103,22 +103,22 @@ def predicted_cell(shape_name: str, hardware: Hardware) -> tuple[str, float] | N
     return None
 
 
-def _lever_label(levers: dict) -> str:
-    parts = [levers["model"], levers["optim"]]
-    parts += ["checkpointing"] * levers["gradient_checkpointing"]
-    if levers["use_vllm"]:
-        parts.append(f"vLLM {levers['vllm_mode']}" + (" + sleep" if levers["vllm_enable_sleep_mode"] else ""))
-    parts += [f"beta {levers['beta']}"] * (levers["beta"] > 0)
+def _lever_label(levers: Levers) -> str:
+    parts = [levers.model, levers.optim]
+    parts += ["checkpointing"] * levers.gradient_checkpointing
+    if levers.use_vllm:
+        parts.append(f"vLLM {levers.vllm_mode}" + (" + sleep" if levers.vllm_enable_sleep_mode else ""))
+    parts += [f"beta {levers.beta}"] * (levers.beta > 0)
     return ", ".join(parts)
 
 
-def _lightness(levers: dict) -> tuple:
+def _lightness(levers: Levers) -> tuple:
     """Fewer levers engaged first: full before LoRA before QLoRA, then optimizer, checkpointing, sleep."""
     return (
-        ("full", "lora", "qlora").index(levers["model"]),
-        levers["optim"].endswith("8bit"),
-        levers["gradient_checkpointing"],
-        levers["vllm_enable_sleep_mode"],
+        ("full", "lora", "qlora").index(levers.model),
+        levers.optim.endswith("8bit"),
+        levers.gradient_checkpointing,
+        levers.vllm_enable_sleep_mode,
     )
 
 
@@ -127,24 +127,21 @@ def measured_cells(results: list[Result]) -> dict[tuple[str, str], str]:
     catalog = load_hardware()
     cells: dict[tuple[str, str], str] = {}
     for result in reversed(results):
-        if result.kind != "grpo" or result.data.get("quick"):
+        if not isinstance(result.record, GrpoFile) or result.quick:
             continue
-        require_keys(result.data, result.path, "shape", "configurations")
-        key = (
-            result.data["shape"]["name"],
-            catalog[result.hardware].size_class if result.hardware in catalog else result.hardware,
-        )
+        key = (result.shape, catalog[result.hardware].size_class if result.hardware in catalog else result.hardware)
         if key in cells:
             continue
-        ran = [r for r in result.data["configurations"] if r["status"] in ("ok", "oom")]
+        ran = [c for c in result.record.configurations if c.status in ("ok", "oom")]
         if not ran:
             continue
-        fits = sorted((r for r in ran if r["status"] == "ok"), key=lambda r: _lightness(r["levers"]))
+        fits = sorted((c for c in ran if c.status == "ok"), key=lambda c: _lightness(c.lever_values))
         where = f"measured: {result.path}, {result.date}"
         if fits:
-            peak, measure = headline_peak(fits[0]["summary"])
-            what = "device" if "device" in measure else "host RSS"
-            cells[key] = f"fits with {_lever_label(fits[0]['levers'])} ({peak / GIB:.1f} GiB {what}; {where})"
+            summary = fits[0].summary
+            what = "device" if "device" in summary.peak_measure else "host RSS"
+            label = _lever_label(fits[0].lever_values)
+            cells[key] = f"fits with {label} ({summary.peak_bytes / GIB:.1f} GiB {what}; {where})"
         else:
             cells[key] = f"does not fit: every configuration ran out of memory ({where})"
     return cells
@@ -203,25 +200,25 @@ def sizing_table(results: list[Result]) -> str:
 def decode_table(results: list[Result]) -> str:
     """Rollout seconds per GRPO step: the newest decode file's projections, each machine's own
     class at its measured ceiling."""
-    decodes = [r for r in results if r.kind == "decode" and "projections" in r.data]
+    decodes = [r for r in results if isinstance(r.record, DecodeFile) and r.record.projections]
     if not decodes:
         return "No decode result yet.\n"
     newest = {r.hardware: r for r in decodes}  # each machine's newest file
     projections: dict[tuple[str, str], float] = {}
-    for row in decodes[-1].data["projections"]:  # the spec and budget columns: the newest file's
-        if row["hardware"] != decodes[-1].hardware:
-            projections[(row["shape"], f"{row['hardware']} ({row['basis']})")] = row["rollout_s"]
+    for row in decodes[-1].record.projections:  # the spec and budget columns: the newest file's
+        if row.hardware != decodes[-1].hardware:
+            projections[(row.shape, f"{row.hardware} ({row.basis})")] = row.rollout_s
     for hardware, result in newest.items():  # each machine's own column: its measured ceiling
-        for row in result.data["projections"]:
-            if row["hardware"] == hardware:
-                projections[(row["shape"], f"{hardware} (its measured ceiling)")] = row["rollout_s"]
-    rollout = decodes[-1].data["projection_rollout"]
+        for row in result.record.projections:
+            if row.hardware == hardware:
+                projections[(row.shape, f"{hardware} (its measured ceiling)")] = row.rollout_s
+    rollout = decodes[-1].record.projection_rollout
     columns = list(dict.fromkeys(column for _, column in projections))
     shapes = list(dict.fromkeys(shape for shape, _ in projections))
     lines = [
-        f"Predicted rollout seconds of one GRPO step ({rollout['sequences']} sequences x "
-        f"{rollout['completion_tokens']} tokens after {rollout['prompt_tokens']}-token prompts, "
-        f"{rollout['dtype_bytes']:g} bytes per weight and KV element): every weight and the whole KV cache "
+        f"Predicted rollout seconds of one GRPO step ({rollout.sequences} sequences x "
+        f"{rollout.completion_tokens} tokens after {rollout.prompt_tokens}-token prompts, "
+        f"{rollout.dtype_bytes:g} bytes per weight and KV element): every weight and the whole KV cache "
         "read once per decode step, at the column's bandwidth. A machine's own column uses the ceiling it "
         "measured (file named below); the others use the spec or the stated budget.",
         "",
@@ -233,55 +230,54 @@ def decode_table(results: list[Result]) -> str:
         lines.append(f"| {shape} | " + " | ".join(f"{c:,.1f}" if c else "" for c in cells) + " |")
     lines += ["", "Measured decode (batch 1, each machine's newest sweep):", ""]
     lines += ["| machine | file | engine | context | GB/s | of ceiling |", "|---|---|---|---:|---:|---:|"]
-    for hardware, result in {r.hardware: r for r in decodes if "sweep" in r.data}.items():
-        for row in result.data["sweep"]:
-            if row["status"] == "ok" and row["batch"] == 1:
+    for hardware, result in {r.hardware: r for r in decodes if r.record.sweep}.items():
+        for row in result.record.sweep:
+            if row.status == "ok" and row.batch == 1:
                 lines.append(
-                    f"| {hardware} | {result.path} | {row['engine']} | {row['context']} | "
-                    f"{row['achieved_gb_s']:.2f} | {row['efficiency_vs_ceiling']:.0%} |"
+                    f"| {hardware} | {result.path} | {row.engine} | {row.context} | "
+                    f"{row.achieved_gb_s:.2f} | {row.efficiency_vs_ceiling:.0%} |"
                 )
     return "\n".join(lines) + "\n"
 
 
 def context_table(results: list[Result]) -> str:
-    found = [r for r in results if r.kind == "context"]
+    found = [r for r in results if isinstance(r.record, ContextFile)]
     if not found:
         return "No context result yet.\n"
     lines = []
     for result in found:
-        require_keys(result.data, result.path, "search", "contenders")
-        search = result.data["search"]
+        search = result.record.search
         lines += [
-            f"{result.hardware}, {result.data['shape']['name']} {search['dtype']}, "
-            f"budget {search['budget_gib']:g} GiB, {search['completions_per_step']} completions per step "
+            f"{result.hardware}, {result.shape} {search.dtype}, "
+            f"budget {search.budget_gib:g} GiB, {search.completions_per_step} completions per step "
             f"({result.path}, {result.date}):",
             "",
             "| contender | status | max completion tokens | first failing | predicted max "
             "| vs TRL 1.14.2 | vs TRL 1.16 |",
             "|---|---|---:|---:|---:|---:|---:|",
         ]
-        contenders = result.data["contenders"]
+        contenders = result.record.contenders
         ratios = context.ratios(contenders)  # made again from the probes, as the verdict below
         for entry in contenders:
-            row = ratios.get(entry["name"], {})
-            if entry["status"] != "measured":
-                reason = entry.get("reason", "")
+            row = ratios.get(entry.name, {})
+            if entry.status != "measured":
+                reason = entry.reason or ""
                 short = reason if len(reason) <= 160 else reason[:157] + "..."
-                lines.append(f"| {entry['name']} | {entry['status']}: {short} | | | | | |")
+                lines.append(f"| {entry.name} | {entry.status}: {short} | | | | | |")
                 continue
-            best = entry["max_completion_tokens"]
-            best_text = "none" if best is None else f">= {best}" if entry["at_ceiling"] else str(best)
+            best = entry.max_completion_tokens
+            best_text = "none" if best is None else f">= {best}" if entry.at_ceiling else str(best)
             lines.append(
-                f"| {entry['name']} | measured | {best_text} | {entry['first_failing_tokens'] or ''} | "
-                f"{entry['predicted_max_completion_tokens'] or ''} | "
+                f"| {entry.name} | measured | {best_text} | {entry.first_failing_tokens or ''} | "
+                f"{entry.predicted_max_completion_tokens or ''} | "
                 f"{_ratio(row, 'trl-1.14.2')} | {_ratio(row, 'trl-1.16')} |"
             )
-        cuda = "cuda" in search.get("budget_enforced_by", "")
-        lines += ["", f"Verdict: {context.verdict(contenders, ratios, cuda)['text']}", ""]
+        cuda = "cuda" in search.budget_enforced_by
+        lines += ["", f"Verdict: {context.verdict(contenders, ratios, cuda).text}", ""]
     return "\n".join(lines) + "\n"
 
 
-def _ratio(row: dict, reference: str) -> str:
+def _ratio(row: dict[str, float | None], reference: str) -> str:
     measured, predicted = row.get(f"measured_vs_{reference}"), row.get(f"predicted_vs_{reference}")
     if measured is None:
         return ""
@@ -289,25 +285,25 @@ def _ratio(row: dict, reference: str) -> str:
 
 
 def rewards_table(results: list[Result]) -> str:
-    newest = {r.hardware: r for r in results if r.kind == "rewards"}
+    newest = {r.hardware: r for r in results if isinstance(r.record, RewardsFile)}
     if not newest:
         return "No reward result yet.\n"
     lines = ["| machine | reward | batch | words | completions/s | seed's code | ratio | file |"]
     lines.append("|---|---|---:|---:|---:|---:|---:|---|")
     for hardware, result in newest.items():
-        rows = [b["extra_info"] for b in result.data["benchmarks"]]
-        ours = [r for r in rows if r["implementation"] == "grpo-bench" and r["format"] == "str"]
-        seeds = {(r["reward"], r["batch"], r["words"], r["format"]): r for r in rows if r["implementation"] == "seed"}
-        for reward in sorted({r["reward"] for r in ours}):
-            mine = [r for r in ours if r["reward"] == reward]
-            paired = [r for r in mine if (reward, r["batch"], r["words"], r["format"]) in seeds]
+        rows = [b.extra_info for b in result.record.benchmarks]
+        ours = [r for r in rows if r.implementation == "grpo-bench" and r.format == "str"]
+        seeds = {(r.reward, r.batch, r.words, r.format): r for r in rows if r.implementation == "seed"}
+        for reward in sorted({r.reward for r in ours}):
+            mine = [r for r in ours if r.reward == reward]
+            paired = [r for r in mine if (reward, r.batch, r.words, r.format) in seeds]
             # the largest batch compared with the seed's code, else the largest batch
-            row = max(paired or mine, key=lambda r: (r["batch"], -r["words"]))
-            seed = seeds.get((reward, row["batch"], row["words"], row["format"]))
-            seed_rate = seed["completions_per_s"] if seed else None
-            ratio = f"{row['completions_per_s'] / seed_rate:.1f}x" if seed_rate else ""
+            row = max(paired or mine, key=lambda r: (r.batch, -r.words))
+            seed = seeds.get((reward, row.batch, row.words, row.format))
+            seed_rate = seed.completions_per_s if seed else None
+            ratio = f"{row.completions_per_s / seed_rate:.1f}x" if seed_rate else ""
             lines.append(
-                f"| {hardware} | {reward} | {row['batch']} | {row['words']} | {row['completions_per_s']:,.0f} | "
+                f"| {hardware} | {reward} | {row.batch} | {row.words} | {row.completions_per_s:,.0f} | "
                 f"{f'{seed_rate:,.0f}' if seed_rate else ''} | {ratio} | {result.path} |"
             )
     return "\n".join(lines) + "\n"
@@ -316,17 +312,16 @@ def rewards_table(results: list[Result]) -> str:
 def model_table(results: list[Result]) -> tuple[str, float | None]:
     """Predicted against measured per phase for every configuration that ran; the median absolute
     error of the training-phase peak (target: at most 10%)."""
-    shapes, hardware = load_shapes(), load_hardware()
-    rows = validate([(r.path, r.data) for r in results if not r.data.get("quick")], shapes, hardware)
-    if not rows:
+    checks = validate([r for r in results if not r.quick], load_shapes(), load_hardware())
+    if not checks:
         return "No GRPO result yet.\n", None
     lines = ["| file | configuration | phase | predicted GiB | measured GiB | error |", "|---|---|---|---:|---:|---:|"]
-    for row in rows:
+    for check in checks:
         lines.append(
-            f"| {row['file']} | {row['configuration']} | {row['phase']} | {row['predicted_bytes'] / GIB:.2f} | "
-            f"{row['measured_bytes'] / GIB:.2f} | {row['error']:+.0%} |"
+            f"| {check.file} | {check.configuration} | {check.phase} | {check.predicted_bytes / GIB:.2f} | "
+            f"{check.measured_bytes / GIB:.2f} | {check.error:+.0%} |"
         )
-    errors = [abs(row["error"]) for row in rows if row["phase"] == "training"]
+    errors = [abs(check.error) for check in checks if check.phase == "training"]
     median = statistics.median(errors) if errors else None
     verdict = "met" if median is not None and median <= 0.10 else "MISSED"
     lines += [
@@ -342,23 +337,21 @@ def _context_probe_errors(results: list[Result]) -> list[str]:
     (as it is now, from the file's settings) against each fitting probe's, per contender."""
     lines = []
     for result in results:
-        if result.kind != "context":
+        if not isinstance(result.record, ContextFile):
             continue
-        search = result.data["search"]
-        shape, hardware = load_shapes()[search["shape"]], load_hardware()[result.hardware]
-        levers = Levers(**search["levers"])
-        for entry in result.data["contenders"]:
+        search = result.record.search
+        shape, hardware = load_shapes()[search.shape], load_hardware()[result.hardware]
+        levers = Levers(**search.levers)
+        for entry in result.record.contenders:
             errors = []
-            for probe in entry.get("probes", []):
-                if probe["fits"] and probe["peak_bytes"]:
-                    work = Workload(
-                        levers.per_device_train_batch_size, search["prompt_words"], probe["completion_tokens"]
-                    )
-                    predicted = estimate(shape, search["dtype"], levers, work, hardware, entry["logits_path"]).peak
-                    errors.append((predicted - probe["peak_bytes"]) / probe["peak_bytes"])
+            for probe in entry.probes:
+                if probe.fits and probe.peak_bytes:
+                    work = Workload(levers.per_device_train_batch_size, search.prompt_words, probe.completion_tokens)
+                    predicted = estimate(shape, search.dtype, levers, work, hardware, entry.logits_path).peak
+                    errors.append((predicted - probe.peak_bytes) / probe.peak_bytes)
             if errors:
                 lines.append(
-                    f"| {result.path} | {entry['name']} | {len(errors)} | {statistics.median(errors):+.0%} | "
+                    f"| {result.path} | {entry.name} | {len(errors)} | {statistics.median(errors):+.0%} | "
                     f"{min(errors):+.0%} .. {max(errors):+.0%} |"
                 )
     if not lines:

@@ -3,28 +3,37 @@ phase: the rows of ``model.md`` and the figures that stack the model's terms bes
 
 from __future__ import annotations
 
-from benchmarks.catalog.profiles import Levers
+from dataclasses import dataclass
+
+from benchmarks.catalog.profiles import Hardware
+from benchmarks.catalog.shapes import Shape
 from benchmarks.model.estimate import MODELLED_OPTIMIZERS, Estimate, Workload, estimate
+from benchmarks.results.schema import Configuration, GrpoFile, Result
 
 TRAINING_PHASES = ("logprob", "forward_backward", "optimizer")
 
 
-def headline_peak(summary: dict) -> tuple[int, str]:
-    """A measured configuration's peak and what it measures: device memory on CUDA, host RSS on CPU
-    (schema 1 files, all from CPU runs: host RSS)."""
-    if "peak_bytes" in summary:
-        return summary["peak_bytes"], summary["peak_measure"]
-    return summary["peak_rss_bytes"], "host RSS of the worker and its children"
+@dataclass(frozen=True)
+class Check:
+    """The model against one measured configuration in one of its phases (rollout, training)."""
+
+    file: str
+    hardware: str
+    configuration: str
+    phase: str
+    predicted_bytes: int
+    measured_bytes: int
+    terms: dict[str, int]
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
 
 
-def peak_by_phase(summary: dict) -> dict[str, int]:
-    return summary.get("peak_bytes_by_phase", summary.get("peak_rss_bytes_by_phase", {}))
-
-
-def measured_phases(record: dict) -> dict[str, int]:
+def measured_phases(configuration: Configuration) -> dict[str, int]:
     """A measured configuration's peaks in the model's phases: on CUDA the device memory of the
     run's processes (vLLM and the context included), else the worker tree's RSS."""
-    by_phase = peak_by_phase(record.get("summary") or {})
+    by_phase = configuration.summary.peak_bytes_by_phase if configuration.summary else {}
     out = {}
     if "rollout" in by_phase:
         out["rollout"] = by_phase["rollout"]
@@ -34,38 +43,37 @@ def measured_phases(record: dict) -> dict[str, int]:
     return out
 
 
-def predict_configuration(result: dict, record: dict, shapes: dict, hardware: dict) -> Estimate:
+def predict_configuration(
+    run: GrpoFile, configuration: Configuration, shapes: dict[str, Shape], hardware: dict[str, Hardware]
+) -> Estimate:
     """The model's estimate for one configuration of a GRPO result file, from what the file says."""
-    grpo = result["profile"]["grpo"]
-    levers = Levers(**record["levers"])
-    work = Workload(levers.per_device_train_batch_size, grpo["prompt_words"], levers.max_completion_length)
-    shape = shapes[result["shape"]["name"]]
-    return estimate(shape, grpo["dtype"], levers, work, hardware[result["profile"]["hardware"]])
+    grpo = run.profile.grpo
+    levers = configuration.lever_values
+    work = Workload(levers.per_device_train_batch_size, grpo.prompt_words, levers.max_completion_length)
+    return estimate(shapes[run.shape.name], grpo.dtype, levers, work, hardware[run.profile.hardware])
 
 
-def validate(results: list[tuple[str, dict]], shapes: dict, hardware: dict) -> list[dict]:
-    """Predicted against measured, per phase, for every configuration that ran in GRPO result
-    files (``(name, data)`` pairs)."""
-    rows = []
-    for name, result in results:
-        if result.get("kind") != "grpo":
+def validate(results: list[Result], shapes: dict[str, Shape], hardware: dict[str, Hardware]) -> list[Check]:
+    """Predicted against measured, per phase, for every configuration that ran in GRPO result files
+    (the model counts AdamW's states only: other optimizers are left out)."""
+    checks = []
+    for result in results:
+        if not isinstance(result.record, GrpoFile):
             continue
-        for record in result["configurations"]:
-            if record["status"] != "ok" or record["levers"]["optim"] not in MODELLED_OPTIMIZERS:
-                continue  # the model counts AdamW's states only
-            predicted = predict_configuration(result, record, shapes, hardware)
-            for phase, measured in measured_phases(record).items():
-                value = predicted.total(phase)
-                rows.append(
-                    {
-                        "file": name,
-                        "hardware": result["profile"]["hardware"],
-                        "configuration": record["name"],
-                        "phase": phase,
-                        "predicted_bytes": value,
-                        "measured_bytes": measured,
-                        "error": (value - measured) / measured,
-                        "terms": predicted.phases[phase],
-                    }
+        for configuration in result.record.configurations:
+            if configuration.status != "ok" or configuration.lever_values.optim not in MODELLED_OPTIMIZERS:
+                continue
+            predicted = predict_configuration(result.record, configuration, shapes, hardware)
+            for phase, measured in measured_phases(configuration).items():
+                checks.append(
+                    Check(
+                        file=result.path,
+                        hardware=result.hardware,
+                        configuration=configuration.name,
+                        phase=phase,
+                        predicted_bytes=predicted.total(phase),
+                        measured_bytes=measured,
+                        terms=predicted.phases[phase],
+                    )
                 )
-    return rows
+    return checks

@@ -50,11 +50,12 @@ def scrub_paths(value: Any) -> Any:
     return value
 
 
-def write_atomically(path: Path, data: dict) -> None:
-    """The one way a result file is written: whole or not at all, 0644, no machine paths."""
+def write(path: Path, record: Any) -> None:
+    """The one way a result file is written: a record (one of FILES), whole or not at all, 0644,
+    without the measuring machine's paths."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".partial", delete=False) as f:
-        json.dump(scrub_paths(data), f, indent=1)
+        json.dump(scrub_paths(encode(record)), f, indent=1)
     os.chmod(f.name, 0o644)
     os.replace(f.name, path)
 
@@ -69,7 +70,7 @@ class Stopped(Exception):
 
 
 @contextlib.contextmanager
-def marked_incomplete(path: Path, result: dict) -> Iterator[None]:
+def marked_incomplete(path: Path, result: RunFile) -> Iterator[None]:
     """Around a run that writes ``result`` to ``path`` as it goes: on a normal end the file says
     ``complete: true``; on an interrupt, SIGTERM or an error it says ``complete: false`` and why, so
     that no table cites it as a whole measurement. (SIGKILL leaves ``complete: false`` as written.)"""
@@ -82,13 +83,13 @@ def marked_incomplete(path: Path, result: dict) -> Iterator[None]:
         yield
     except BaseException as error:
         reason = str(error) if isinstance(error, Stopped) else type(error).__name__
-        result.update(complete=False, ended_early=f"{reason} at {now()}", finished=now())
-        write_atomically(path, result)
+        result.complete, result.ended_early, result.finished = False, f"{reason} at {now()}", now()
+        write(path, result)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-    result.update(complete=True, finished=now())
-    write_atomically(path, result)
+    result.complete, result.finished = True, now()
+    write(path, result)
 
 
 class SchemaError(ValueError):
@@ -110,6 +111,55 @@ class Target:
 
 
 @dataclass(kw_only=True)
+class GrpoSettings:
+    """The resolved profile's ``[grpo]`` table as the run had it: what the model needs to predict it,
+    and the lever matrix that says how many configurations the profile defines."""
+
+    dtype: str
+    prompt_words: int
+    levers: dict[str, Any]
+    matrix: dict[str, list[Any]] = field(default_factory=dict)
+    extra: list[dict[str, Any]] = field(default_factory=list)
+    shape: str = ""
+
+
+@dataclass(kw_only=True)
+class DecodeSettings:
+    shape: str = ""  # the first decode runs measured the ceiling alone, with no sweep of a shape
+    dtype: str = ""
+
+
+@dataclass(kw_only=True)
+class ProfileRecord:
+    """The resolved profile a run used (``benchmarks.catalog.profiles.Profile``; the file holds all of it)."""
+
+    hardware: str
+    name: str = ""
+    grpo: GrpoSettings | None = None
+    decode: DecodeSettings | None = None
+
+
+@dataclass(kw_only=True)
+class Machine:
+    """The machine's fingerprint: CPU, cores, RAM; GPUs by NVML (name, memory, driver)."""
+
+    cpu: str = "unknown"
+    cores: int | None = None
+    ram_gib: float | None = None
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Commit:
+    id: str | None = None
+    dirty: bool = False
+
+    @property
+    def short(self) -> str:
+        return (self.id or "unknown")[:7] + (" (dirty)" if self.dirty else "")
+
+
+@dataclass(kw_only=True)
 class RunFile:
     """What every result file of the harness opens with: kind and schema, when, where, with what,
     from which commit, the resolved profile; whether the run is complete and why it ended early."""
@@ -118,10 +168,10 @@ class RunFile:
     kind: str
     started: str
     quick: bool = False
-    machine: dict[str, Any] = field(default_factory=dict)
+    machine: Machine = field(default_factory=Machine)
     versions: dict[str, str] = field(default_factory=dict)
-    commit: dict[str, Any] = field(default_factory=dict)
-    profile: dict[str, Any] = field(default_factory=dict)
+    commit: Commit = field(default_factory=Commit)
+    profile: ProfileRecord
     complete: bool = False
     finished: str | None = None
     ended_early: str | None = None
@@ -433,7 +483,7 @@ class RowStats:
 
     median: float
     iqr: float
-    rounds: int
+    rounds: int = 0
 
 
 @dataclass(kw_only=True)
@@ -444,12 +494,24 @@ class BenchmarkRow:
 
 
 @dataclass(kw_only=True)
+class Comparison:
+    """Our row over the seed's on the same case: the ratio of completions/s, and the rows' noise."""
+
+    row: str
+    ratio: float
+    met: bool | None = None  # the first files recorded neither the verdict per row nor its noise
+    noise: float | None = None
+
+
+@dataclass(kw_only=True)
 class RewardTarget:
     claim: str
     minimum_ratio: float
     lowest_ratio: float | None
     met: bool | None
     within_noise: bool = False
+    name: str = ""
+    comparisons: list[Comparison] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -479,6 +541,24 @@ class RewardsFile:
     grpo_bench: RewardsBlock
 
 
+def benchmark_rows(output_json: dict) -> list[BenchmarkRow]:
+    """pytest-benchmark's rows as it is about to write them, typed: each gains ``completions_per_s``
+    (its batch over the median call) and loses its raw per-round timings (``stats.data``, up to tens
+    of thousands a row), so that the file stays small and ``pytest-benchmark compare`` reads it still."""
+    for row in output_json["benchmarks"]:
+        row["stats"].pop("data", None)
+        row["extra_info"]["completions_per_s"] = row["extra_info"]["batch"] / row["stats"]["median"]
+    return [
+        decode(BenchmarkRow, row, f"pytest-benchmark: benchmarks[{i}]")
+        for i, row in enumerate(output_json["benchmarks"])
+    ]
+
+
+def attach_rewards_block(output_json: dict, block: RewardsBlock) -> None:
+    """The suite's block in pytest-benchmark's file."""
+    output_json["grpo_bench"] = encode(block)
+
+
 FILES: dict[str, type] = {"grpo": GrpoFile, "decode": DecodeFile, "context": ContextFile, "rewards": RewardsFile}
 
 
@@ -493,7 +573,9 @@ def decode(cls: type, value: Any, where: str) -> Any:
             given[item.name] = _decoded(hints[item.name], value[item.name], _key(where, item.name))
         elif item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING:
             raise SchemaError(f"{where}: missing key {item.name!r}")
-    return cls(**given)
+    record = cls(**given)
+    record._more = {key: item for key, item in value.items() if key not in given}  # kept, written back as read
+    return record
 
 
 def _key(where: str, key: str) -> str:
@@ -512,7 +594,7 @@ def _decoded(hint: Any, value: Any, where: str) -> Any:
     if hint is Any:
         return value
     if origin is list:
-        if not isinstance(value, list):
+        if not isinstance(value, list | tuple):
             raise SchemaError(f"{where}: expected a list, got {type(value).__name__}")
         return [_decoded(args[0], item, f"{where}[{i}]") for i, item in enumerate(value)]
     if origin is dict:
@@ -527,9 +609,16 @@ def _decoded(hint: Any, value: Any, where: str) -> Any:
     raise SchemaError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__} {value!r}")
 
 
-def encode(record: Any) -> dict[str, Any]:
-    """A record as the JSON its file holds."""
-    return dataclasses.asdict(record)
+def encode(value: Any) -> Any:
+    """A record as the JSON its file holds: its fields, and whatever else the file it came from held."""
+    if dataclasses.is_dataclass(value):
+        fields = {item.name: encode(getattr(value, item.name)) for item in dataclasses.fields(value)}
+        return {**getattr(value, "_more", {}), **fields}
+    if isinstance(value, list | tuple):
+        return [encode(item) for item in value]
+    if isinstance(value, dict):
+        return {key: encode(item) for key, item in value.items()}
+    return value
 
 
 @dataclass(frozen=True)
@@ -537,7 +626,6 @@ class Result:
     """A result file as loaded: its record (one of FILES), and what the tables need to choose it."""
 
     path: str  # relative to the results directory, or as named
-    data: dict
     record: Any  # GrpoFile, DecodeFile, ContextFile or RewardsFile
     kind: str
     hardware: str
@@ -565,22 +653,13 @@ def is_complete(data: dict, kind: str) -> bool:
     return last_field is None or last_field in data
 
 
-def is_whole(data: dict, kind: str, name: str) -> bool:
+def is_whole(record: Any) -> bool:
     """Whether a GRPO run measured every configuration its profile defines (not an --only subset)."""
-    if kind != "grpo":
+    if not isinstance(record, GrpoFile) or record.profile.grpo is None:
         return True
-    require_keys(data, name, "configurations")
-    grpo = data["profile"].get("grpo") or {}
-    require_keys(grpo, f"{name}: profile.grpo", "levers", "matrix", "extra")
-    base = Levers(**grpo["levers"])
-    defined = configurations(SimpleNamespace(levers=base, matrix=grpo["matrix"], extra=tuple(grpo["extra"])))
-    return len(data["configurations"]) >= len(defined)
-
-
-def require_keys(data: dict, path: str, *keys: str) -> None:
-    for key in keys:
-        if key not in data:
-            raise ValueError(f"{path}: missing key {key!r}")
+    grpo = record.profile.grpo
+    defined = configurations(SimpleNamespace(levers=Levers(**grpo.levers), matrix=grpo.matrix, extra=grpo.extra))
+    return len(record.configurations) >= len(defined)
 
 
 def upgrade(data: dict, kind: str) -> dict:
@@ -610,21 +689,21 @@ def read_result(path: Path, name: str) -> Result:
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:
-        raise ValueError(f"{name}: not JSON ({error})") from None
-    if "grpo_bench" in data:  # pytest-benchmark's file, our header inside
-        header = data["grpo_bench"]
-        require_keys(header, name, "kind", "hardware_class")
-        kind, hardware, started = header["kind"], header["hardware_class"], data.get("datetime", "")
-    else:
-        require_keys(data, name, "kind", "profile", "started")
-        header, kind, hardware, started = data, data["kind"], data["profile"]["hardware"], data["started"]
+        raise SchemaError(f"{name}: not JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise SchemaError(f"{name}: expected an object, got {type(data).__name__}")
+    header = data.get("grpo_bench", data)  # pytest-benchmark's file holds the suite's header inside
+    kind = header.get("kind") if isinstance(header, dict) else None
     if kind not in FILES:
         raise SchemaError(f"{name}: kind {kind!r} is not one of {', '.join(FILES)}")
     record = decode(FILES[kind], upgrade(data, kind), name)
-    shape = record.shape.name if kind in ("grpo", "context") else None
-    whole, quick = is_whole(data, kind, name), bool(header.get("quick"))
-    complete = record.grpo_bench.complete if kind == "rewards" else record.complete
-    return Result(name, data, record, kind, hardware, started[:10], complete, whole, quick, shape)
+    if isinstance(record, RewardsFile):
+        block, shape = record.grpo_bench, None
+        hardware, started, complete, quick = block.hardware_class, record.datetime, block.complete, block.quick
+    else:
+        hardware, started, complete, quick = record.profile.hardware, record.started, record.complete, record.quick
+        shape = record.shape.name if isinstance(record, GrpoFile | ContextFile) else None
+    return Result(name, record, kind, hardware, started[:10], complete, is_whole(record), quick, shape)
 
 
 def load_results(directory: Path) -> list[Result]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.catalog import profiles
+from benchmarks.results import schema
 from benchmarks.rewardbench.cases import load_profile
 from benchmarks.rewardbench.reward_targets import summarize
 
@@ -27,15 +28,5 @@ def bench_profile(request: pytest.FixtureRequest) -> profiles.Profile:
 
 
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks: list, output_json: dict) -> None:
-    quick = config.getoption("--grpo-quick")
-    output_json["grpo_bench"] = summarize(load_profile(config), output_json["benchmarks"], quick)
-    drop_rounds(output_json)
-
-
-def drop_rounds(output_json: dict) -> dict:
-    """pytest-benchmark's statistics without its raw per-round timings (``stats.data``, up to
-    tens of thousands a row): result files stay small, and ``pytest-benchmark compare`` reads
-    them still."""
-    for row in output_json["benchmarks"]:
-        row["stats"].pop("data", None)
-    return output_json
+    rows = schema.benchmark_rows(output_json)
+    schema.attach_rewards_block(output_json, summarize(load_profile(config), rows, config.getoption("--grpo-quick")))

@@ -43,13 +43,13 @@ TARGETS = (
 )
 
 
-def _noise(row: dict) -> float:
-    return row["stats"]["iqr"] / row["stats"]["median"]
+def _noise(row: schema.BenchmarkRow) -> float:
+    return row.stats.iqr / row.stats.median
 
 
-def _key(row: dict) -> tuple:
-    info = row["extra_info"]
-    return (info["reward"], info["batch"], info["words"], info["format"])
+def _key(row: schema.BenchmarkRow) -> tuple:
+    info = row.extra_info
+    return (info.reward, info.batch, info.words, info.format)
 
 
 def _sandbox() -> dict[str, Any]:
@@ -64,47 +64,43 @@ def _sandbox() -> dict[str, Any]:
     return described
 
 
-def summarize(profile: Profile, rows: list[dict], quick: bool = False) -> dict[str, Any]:
-    """Adds ``completions_per_s`` to every row; returns the file's ``grpo_bench`` block."""
+def summarize(profile: Profile, rows: list[schema.BenchmarkRow], quick: bool = False) -> schema.RewardsBlock:
+    """The file's ``grpo_bench`` block: the targets measured from the rows, ours against the seed's
+    on the same case."""
+    by_impl: dict[str, dict[tuple, schema.BenchmarkRow]] = {}
     for row in rows:
-        row["extra_info"]["completions_per_s"] = row["extra_info"]["batch"] / row["stats"]["median"]
-    by_impl: dict[str, dict[tuple, dict]] = {}
-    for row in rows:
-        by_impl.setdefault(row["extra_info"]["implementation"], {})[_key(row)] = row
+        by_impl.setdefault(row.extra_info.implementation, {})[_key(row)] = row
     ours, seed = by_impl.get("grpo-bench", {}), by_impl.get("seed", {})
     targets = []
     for name, claim, compared, minimum, within_noise in TARGETS:
-        pairs = [
-            {
-                "row": "{} batch={} words={} {}".format(*key),
-                "ratio": ours[key]["extra_info"]["completions_per_s"] / seed[key]["extra_info"]["completions_per_s"],
-                "noise": max(_noise(ours[key]), _noise(seed[key])),
-            }
-            for key in sorted(ours)
-            if key[0] in compared and key in seed
-        ]
-        for pair in pairs:
-            pair["met"] = pair["ratio"] >= minimum * (1 - pair["noise"] if within_noise else 1)
-        lowest = min((p["ratio"] for p in pairs), default=None)
+        pairs = []
+        for key in sorted(ours):
+            if key[0] in compared and key in seed:
+                ratio = ours[key].extra_info.completions_per_s / seed[key].extra_info.completions_per_s
+                noise = max(_noise(ours[key]), _noise(seed[key]))
+                met = ratio >= minimum * (1 - noise if within_noise else 1)
+                pairs.append(
+                    schema.Comparison(row="{} batch={} words={} {}".format(*key), ratio=ratio, noise=noise, met=met)
+                )
         targets.append(
-            {
-                "name": name,
-                "claim": claim,
-                "minimum_ratio": minimum,
-                "within_noise": within_noise,
-                "lowest_ratio": lowest,
-                "met": all(p["met"] for p in pairs) if pairs else None,
-                "comparisons": pairs,
-            }
+            schema.RewardTarget(
+                name=name,
+                claim=claim,
+                minimum_ratio=minimum,
+                within_noise=within_noise,
+                lowest_ratio=min((p.ratio for p in pairs), default=None),
+                met=all(p.met for p in pairs) if pairs else None,
+                comparisons=pairs,
+            )
         )
-    return {
-        "schema_version": schema.SCHEMA_VERSION,
-        "kind": "rewards",
-        "hardware_class": profile.hardware,
-        "quick": quick,
-        "profile": profile.as_dict(),
-        "versions": machine.versions(REWARD_PACKAGES),
-        "sandbox": _sandbox(),
-        "skipped": SKIPPED,
-        "targets": targets,
-    }
+    return schema.RewardsBlock(
+        schema_version=schema.SCHEMA_VERSION,
+        kind="rewards",
+        hardware_class=profile.hardware,
+        quick=quick,
+        profile=profile.as_dict(),
+        versions=machine.versions(REWARD_PACKAGES),
+        sandbox=_sandbox(),
+        skipped=SKIPPED,
+        targets=targets,
+    )

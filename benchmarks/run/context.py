@@ -89,25 +89,25 @@ def predicted_max(shape: Shape, settings: ContextBench, levers: Levers, hardware
 
 
 def anchored_max(
-    shape: Shape, settings: ContextBench, levers: Levers, hardware: Hardware, path: str, probes: list[dict]
+    shape: Shape, settings: ContextBench, levers: Levers, hardware: Hardware, path: str, probes: list[schema.Probe]
 ) -> int | None:
     """The model's longest completion with its fixed part replaced by the measurement: the smallest
     fitting probe's measured peak plus the model's growth from that length. This checks the model's
     per-token terms (activations, the logits path) apart from its runtime and weights terms."""
-    anchors = [p for p in probes if p["fits"] and p["peak_bytes"]]
+    anchors = [p for p in probes if p.fits and p.peak_bytes]
     if not anchors:
         return None
-    anchor = min(anchors, key=lambda p: p["completion_tokens"])
+    anchor = min(anchors, key=lambda p: p.completion_tokens)
     budget = settings.budget_gib * GIB
 
     def modelled(length: int) -> int:
         work = Workload(levers.per_device_train_batch_size, settings.prompt_words, length)
         return estimate(shape, settings.dtype, levers, work, hardware, path).peak
 
-    offset = anchor["peak_bytes"] - modelled(anchor["completion_tokens"])  # what the model misses at the anchor
+    offset = anchor.peak_bytes - modelled(anchor.completion_tokens)  # what the model misses at the anchor
     passed, _ = search(
         lambda n: offset + modelled(n) <= budget,
-        anchor["completion_tokens"],
+        anchor.completion_tokens,
         settings.max_tokens,
         0.0,
         settings.granule,
@@ -115,50 +115,48 @@ def anchored_max(
     return passed
 
 
-def _probe_record(length: int, record: dict, predicted_peak: int, wall_s: float) -> dict[str, Any]:
-    step = (record.get("steps") or [{}])[-1]
-    by_phase = step.get("peak_rss_bytes") or record.get("unfinished_peak_rss_bytes", {})
-    cuda = {phase: peaks["reserved"] for phase, peaks in step.get("cuda_peak_bytes", {}).items()}
+def _probe_record(length: int, record: schema.WorkerRecord, predicted_peak: int, wall_s: float) -> schema.Probe:
+    step = record.steps[-1] if record.steps else None
+    by_phase = (step.peak_rss_bytes if step else None) or record.unfinished_peak_rss_bytes or {}
+    cuda = {phase: peaks["reserved"] for phase, peaks in step.cuda_peak_bytes.items()} if step else {}
     peaks = cuda or by_phase
-    return {
-        "completion_tokens": length,
-        "status": record["status"],
-        "fits": record["status"] == "ok",
-        "phase": record.get("phase"),
-        "reason": record.get("reason"),
-        "peak_bytes": max(peaks.values(), default=None),
-        "peak_bytes_by_phase": peaks,
-        "peak_measure": "torch.cuda.max_memory_reserved" if cuda else "peak RSS of the worker tree",
-        "predicted_peak_bytes": predicted_peak,
-        "step_s": step.get("wall_s"),
-        "phase_s": step.get("phase_s"),
-        "wall_s": wall_s,
-        **{key: record[key] for key in ("device", "log_tail") if key in record},
-    }
+    return schema.Probe(
+        completion_tokens=length,
+        status=record.status,
+        fits=record.status == "ok",
+        phase=record.phase,
+        reason=record.reason,
+        peak_bytes=max(peaks.values(), default=None),
+        peak_bytes_by_phase=peaks,
+        peak_measure="torch.cuda.max_memory_reserved" if cuda else "peak RSS of the worker tree",
+        predicted_peak_bytes=predicted_peak,
+        step_s=step.wall_s if step else None,
+        phase_s=step.phase_s if step else None,
+        wall_s=wall_s,
+        device=record.device,
+        log_tail=record.log_tail,
+    )
 
 
 def run_contender(
     name: str, python: str | None, settings: ContextBench, model_dir: Path, hardware: Hardware, cuda: bool, logs: Path
-) -> dict[str, Any]:
+) -> schema.ContenderRun:
     contender = CONTENDERS[name]
-    platform = "cuda" if cuda else "cpu"
     levers = replace(settings.levers, **{k: v for k, v in contender.levers.items() if hasattr(settings.levers, k)})
     shape = load_shapes()[settings.shape]
-    entry: dict[str, Any] = {
-        "name": name,
-        "role": contender.role,
-        "stack": contender.stack,
-        "logits_path": contender.logits_path[platform],
-        "probes": [],
-    }
+    entry = schema.ContenderRun(
+        name=name,
+        role=contender.role,
+        stack=contender.stack,
+        logits_path=contender.logits_path["cuda" if cuda else "cpu"],
+        status="skipped",
+    )
     if contender.needs_cuda and not cuda:
-        return {**entry, "status": "skipped", "reason": contender.needs_cuda}
+        entry.reason = contender.needs_cuda
+        return entry
     if python is None:
-        return {
-            **entry,
-            "status": "skipped",
-            "reason": f"no interpreter for {name}: run `nox -s context` (it builds each stack)",
-        }
+        entry.reason = f"no interpreter for {name}: run `nox -s context` (it builds each stack)"
+        return entry
     budget = int(settings.budget_gib * GIB)
     job_base = {
         "stack": contender.stack,
@@ -173,9 +171,9 @@ def run_contender(
     }
 
     def fits(length: int) -> bool:
-        job = {**job_base, "levers": {**job_base["levers"], "max_completion_length": length}}
+        job = {**job_base, "levers": asdict(replace(levers, max_completion_length=length))}
         work = Workload(levers.per_device_train_batch_size, settings.prompt_words, length)
-        predicted = estimate(shape, settings.dtype, levers, work, hardware, entry["logits_path"]).peak
+        predicted = estimate(shape, settings.dtype, levers, work, hardware, entry.logits_path).peak
         started = time.monotonic()
         record = run_configuration(
             job,
@@ -185,80 +183,82 @@ def run_contender(
             timeout_s=settings.probe_timeout_s,
         )
         probe = _probe_record(length, record, predicted, time.monotonic() - started)
-        entry["probes"].append(probe)
-        entry.setdefault("versions", record.get("versions"))
+        entry.probes.append(probe)
+        entry.versions = entry.versions or record.versions
         print(f"  {name} {length:>6} tokens: {_probe_line(probe)}", flush=True)
-        if record["status"] not in ("ok", "oom"):
-            raise ProbeFailed(f"{record['status']} at {length} tokens: {record.get('reason')}")
-        return probe["fits"]
+        if record.status not in ("ok", "oom"):
+            raise ProbeFailed(f"{record.status} at {length} tokens: {record.reason}")
+        return probe.fits
 
     try:
         passed, failed = search(fits, settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule)
     except ProbeFailed as error:
-        return {**entry, "status": "error", "reason": str(error)}
-    return {
-        **entry,
-        "status": "measured",
-        "max_completion_tokens": passed,
-        "first_failing_tokens": failed,
-        "at_ceiling": failed is None,
-        "predicted_max_completion_tokens": predicted_max(shape, settings, levers, hardware, entry["logits_path"]),
-        "anchored_max_completion_tokens": anchored_max(
-            shape, settings, levers, hardware, entry["logits_path"], entry["probes"]
-        ),
-    }
+        entry.status, entry.reason = "error", str(error)
+        return entry
+    entry.status, entry.max_completion_tokens, entry.first_failing_tokens = "measured", passed, failed
+    entry.at_ceiling = failed is None
+    entry.predicted_max_completion_tokens = predicted_max(shape, settings, levers, hardware, entry.logits_path)
+    entry.anchored_max_completion_tokens = anchored_max(
+        shape, settings, levers, hardware, entry.logits_path, entry.probes
+    )
+    return entry
 
 
-def _probe_line(probe: dict) -> str:
-    peak = f"peak {probe['peak_bytes'] / GIB:.2f} GiB" if probe["peak_bytes"] else "no peak"
-    what = "fits" if probe["fits"] else f"{probe['status']} in {probe['phase'] or '?'}"
-    return f"{what}, {peak} (predicted {probe['predicted_peak_bytes'] / GIB:.2f}), {probe['wall_s']:.0f} s"
+def _probe_line(probe: schema.Probe) -> str:
+    peak = f"peak {probe.peak_bytes / GIB:.2f} GiB" if probe.peak_bytes else "no peak"
+    what = "fits" if probe.fits else f"{probe.status} in {probe.phase or '?'}"
+    return f"{what}, {peak} (predicted {probe.predicted_peak_bytes / GIB:.2f}), {probe.wall_s:.0f} s"
 
 
-def ratios(contenders: list[dict]) -> dict[str, dict[str, float | None]]:
+RATIO_KINDS = {
+    "measured": lambda c: c.max_completion_tokens,
+    "predicted": lambda c: c.predicted_max_completion_tokens,
+    "anchored": lambda c: c.anchored_max_completion_tokens,
+}
+
+
+def ratios(contenders: list[schema.ContenderRun]) -> dict[str, dict[str, float | None]]:
     """Max context of each contender over the unchunked baseline's and over TRL 1.16's, measured
-    and predicted."""
-    by_name = {c["name"]: c for c in contenders if c["status"] == "measured"}
+    and predicted (``measured_vs_trl-1.14.2``, ...)."""
+    by_name = {c.name: c for c in contenders if c.status == "measured"}
     out: dict[str, dict[str, float | None]] = {}
     for name, entry in by_name.items():
         row: dict[str, float | None] = {}
         for reference in (BASELINE, OPTIMIZED):
             other = by_name.get(reference)
-            for kind, key in (
-                ("measured", "max_completion_tokens"),
-                ("predicted", "predicted_max_completion_tokens"),
-                ("anchored", "anchored_max_completion_tokens"),
-            ):
-                mine, theirs = entry.get(key), other.get(key) if other else None
+            for kind, tokens in RATIO_KINDS.items():
+                mine, theirs = tokens(entry), tokens(other) if other else None
                 row[f"{kind}_vs_{reference}"] = mine / theirs if mine and theirs else None
         out[name] = row
     return out
 
 
-def logits_share(settings: ContextBench, hardware: Hardware, length: int, path: str) -> dict[str, Any]:
+def logits_share(settings: ContextBench, hardware: Hardware, length: int, path: str) -> schema.LogitsShare:
     """The training phase at ``length`` in the analytic model: the logits term against the rest."""
     shape = load_shapes()[settings.shape]
     work = Workload(settings.levers.per_device_train_batch_size, settings.prompt_words, length)
     training = estimate(shape, settings.dtype, settings.levers, work, hardware, path).phases["training"]
     rest = sum(v for k, v in training.items() if k != "logits")
-    return {"completion_tokens": length, "logits_bytes": training["logits"], "rest_bytes": rest, "terms": training}
+    return schema.LogitsShare(
+        completion_tokens=length, logits_bytes=training["logits"], rest_bytes=rest, terms=training
+    )
 
 
-def verdict(contenders: list[dict], table: dict[str, dict], cuda: bool) -> dict[str, Any]:
+def verdict(contenders: list[schema.ContenderRun], table: dict[str, dict], cuda: bool) -> schema.Verdict:
     """The claim, quoted, against the measured and the predicted ratio of Unsloth to the unchunked
     baseline; inconclusive where a side of either search was not bounded."""
-    by_name = {c["name"]: c for c in contenders}
-    unsloth = next((c for c in contenders if c["stack"] == "unsloth"), None)
-    row = table.get(unsloth["name"], {}) if unsloth else {}
+    by_name = {c.name: c for c in contenders}
+    unsloth = next((c for c in contenders if c.stack == "unsloth"), None)
+    row = table.get(unsloth.name, {}) if unsloth else {}
     measured, predicted = row.get(f"measured_vs_{BASELINE}"), row.get(f"predicted_vs_{BASELINE}")
     backend = "Unsloth's GPU path" if cuda else "Unsloth's CPU backend (its efficient GRPO loss needs CUDA)"
     if unsloth is None or BASELINE not in by_name:
         text = f"not measured: the search needs both {BASELINE} and Unsloth among the contenders"
     elif measured is None:
         reasons = [
-            f"{c['name']}: {c.get('reason') or 'no length fits'}"
+            f"{c.name}: {c.reason or 'no length fits'}"
             for c in (unsloth, by_name[BASELINE])
-            if c["status"] != "measured" or not c.get("max_completion_tokens")
+            if c.status != "measured" or not c.max_completion_tokens
         ]
         text = "not measured: " + "; ".join(reasons)
     else:
@@ -266,9 +266,9 @@ def verdict(contenders: list[dict], table: dict[str, dict], cuda: bool) -> dict[
         anchored = row.get(f"anchored_vs_{BASELINE}")
         text += f" (the analytic model predicts {predicted:.1f}x" if predicted else " ("
         text += f"; anchored on the first probes, {anchored:.1f}x)" if anchored else ")"
-        if unsloth["at_ceiling"]:
+        if unsloth.at_ceiling:
             text += f"; Unsloth fitted the search's ceiling, so {measured:.1f}x is a lower bound: inconclusive"
-        elif by_name[BASELINE]["at_ceiling"]:
+        elif by_name[BASELINE].at_ceiling:
             text += "; the baseline fitted the search's ceiling: inconclusive, lower the budget"
         else:
             text += ": the ~7x claim " + (
@@ -277,116 +277,114 @@ def verdict(contenders: list[dict], table: dict[str, dict], cuda: bool) -> dict[
         versus = row.get(f"measured_vs_{OPTIMIZED}")
         if versus is not None:
             text += f" Against TRL 1.16's fused LM head (the 'other optimized setups'): {versus:.2f}x."
-    return {
-        "seed_claim": SEED_CLAIM,
-        "unsloth_claim": UNSLOTH_CLAIM,
-        "claimed_ratio": CLAIMED_RATIO,
-        "measured_ratio_vs_unchunked": measured,
-        "predicted_ratio_vs_unchunked": predicted,
-        "anchored_ratio_vs_unchunked": row.get(f"anchored_vs_{BASELINE}"),
-        "text": text,
-    }
+    return schema.Verdict(
+        seed_claim=SEED_CLAIM,
+        unsloth_claim=UNSLOTH_CLAIM,
+        claimed_ratio=CLAIMED_RATIO,
+        measured_ratio_vs_unchunked=measured,
+        predicted_ratio_vs_unchunked=predicted,
+        anchored_ratio_vs_unchunked=row.get(f"anchored_vs_{BASELINE}"),
+        text=text,
+    )
 
 
 def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides: dict[str, Any] | None = None) -> Path:
     """The search for every contender of ``profile.context`` (with ``overrides`` of its fields);
     the result file is rewritten after every contender."""
-    import torch
+    import torch  # the platform decides each contender's path; no CUDA context is made here
 
     settings = replace(profile.context, **(overrides or {}))
     cuda = torch.cuda.is_available()
     hardware = load_hardware()[profile.hardware]
-    shape = load_shapes()[settings.shape]
-    model_dir = materialise(shape, settings.dtype)
+    model_dir = materialise(load_shapes()[settings.shape], settings.dtype)
     path = out / profile.hardware / f"{machine.stamp()}-context.json"
-    result: dict[str, Any] = {
-        **machine.result_header("context", profile, False),
-        "search": {
-            **asdict(settings),
-            "searched": f"completion length, prompt fixed at {settings.prompt_words} tokens",
-            "budget_enforced_by": f"torch.cuda.set_per_process_memory_fraction: {settings.budget_gib:g} GiB of the "
-            "device in use over the total it reports (each probe's device)"
-            if cuda
-            else "peak RSS of the worker and its children, sampled every 20 ms; a tree over it is stopped",
-            "completions_per_step": settings.levers.per_device_train_batch_size,
-        },
-        "shape": {"name": settings.shape, **asdict(shape), "param_count": shape.param_count()},
-        "contenders": [],
+    enforced = (
+        f"torch.cuda.set_per_process_memory_fraction: {settings.budget_gib:g} GiB of the device in use over the "
+        "total it reports (each probe's device)"
+        if cuda
+        else "peak RSS of the worker and its children, sampled every 20 ms; a tree over it is stopped"
+    )
+    search_settings = {
+        **asdict(settings),
+        "searched": f"completion length, prompt fixed at {settings.prompt_words} tokens",
+        "budget_enforced_by": enforced,
+        "completions_per_step": settings.levers.per_device_train_batch_size,
     }
+    result = schema.ContextFile(
+        **machine.header("context", profile, False),
+        search=schema.decode(schema.Search, search_settings, "search"),
+        shape=machine.shape_record(settings.shape),
+    )
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as logs, schema.marked_incomplete(path, result):
         for name in settings.contenders:
             print(f"{name}: {CONTENDERS[name].role}", flush=True)
             entry = run_contender(name, pythons.get(name), settings, model_dir, hardware, cuda, Path(logs))
-            if entry["status"] != "measured":
-                print(f"  {entry['status']}: {entry['reason']}")
-            result["contenders"].append(entry)
-            result["finished"] = schema.now()
-            schema.write_atomically(path, result)
-        table = ratios(result["contenders"])
-        result["ratios"] = table
-        result["verdict"] = verdict(result["contenders"], table, cuda)
-        result["prediction"] = {
-            entry["name"]: logits_share(settings, hardware, entry["max_completion_tokens"], entry["logits_path"])
-            for entry in result["contenders"]
-            if entry.get("max_completion_tokens")
+            if entry.status != "measured":
+                print(f"  {entry.status}: {entry.reason}")
+            result.contenders.append(entry)
+            result.finished = schema.now()
+            schema.write(path, result)
+        result.ratios = ratios(result.contenders)
+        result.verdict = verdict(result.contenders, result.ratios, cuda)
+        result.prediction = {
+            entry.name: logits_share(settings, hardware, entry.max_completion_tokens, entry.logits_path)
+            for entry in result.contenders
+            if entry.max_completion_tokens
         }
         wall = time.monotonic() - started
-        result["targets"] = [
-            {"claim": "the search finishes within 20 minutes", "measured": wall, "limit": 1200, "met": wall <= 1200}
+        result.targets = [
+            schema.Target(claim="the search finishes within 20 minutes", measured=wall, limit=1200, met=wall <= 1200)
         ]
     return path
 
 
 def print_context_summary(path: Path) -> None:
-    import json
-
-    data = json.loads(path.read_text())
-    search_settings = data["search"]
+    run = schema.read_result(path, str(path)).record
+    search_settings = run.search
     print(
-        f"\nbudget {search_settings['budget_gib']} GiB ({search_settings['budget_enforced_by']}); "
-        f"{data['shape']['name']} {search_settings['dtype']}; {search_settings['searched']}; "
-        f"{search_settings['completions_per_step']} completions per step"
+        f"\nbudget {search_settings.budget_gib} GiB ({search_settings.budget_enforced_by}); "
+        f"{run.shape.name} {search_settings.dtype}; {search_settings.searched}; "
+        f"{search_settings.completions_per_step} completions per step"
     )
     header = f"{'contender':20} {'status':9} {'max tokens':>10} {'predicted':>9} {'anchored':>8} {'probes':>6}"
     print(f"{header}  ratios (measured / predicted / anchored)")
-    for entry in data["contenders"]:
-        row = data.get("ratios", {}).get(entry["name"], {})
+    for entry in run.contenders:
+        row = (run.ratios or {}).get(entry.name, {})
         ratio_text = "  ".join(
-            f"vs {ref}: "
-            + " / ".join(_x(row.get(f"{kind}_vs_{ref}")) for kind in ("measured", "predicted", "anchored"))
+            f"vs {ref}: " + " / ".join(_x(row.get(f"{kind}_vs_{ref}")) for kind in RATIO_KINDS)
             for ref in (BASELINE, OPTIMIZED)
         )
-        if entry["status"] != "measured":
-            print(f"{entry['name']:20} {entry['status']:9} {entry['reason']}")
+        if entry.status != "measured":
+            print(f"{entry.name:20} {entry.status:9} {entry.reason}")
             continue
-        best = entry["max_completion_tokens"]
-        best_text = "none" if best is None else f">={best}" if entry["at_ceiling"] else str(best)
+        best = entry.max_completion_tokens
+        best_text = "none" if best is None else f">={best}" if entry.at_ceiling else str(best)
         print(
-            f"{entry['name']:20} {'measured':9} {best_text:>10} "
-            f"{entry['predicted_max_completion_tokens'] or 'none':>9} "
-            f"{entry.get('anchored_max_completion_tokens') or 'none':>8} {len(entry['probes']):>6}  {ratio_text}"
+            f"{entry.name:20} {'measured':9} {best_text:>10} "
+            f"{entry.predicted_max_completion_tokens or 'none':>9} "
+            f"{entry.anchored_max_completion_tokens or 'none':>8} {len(entry.probes):>6}  {ratio_text}"
         )
-    for name, share in data.get("prediction", {}).items():
+    for name, share in run.prediction.items():
         print(
-            f"model at {name}'s max ({share['completion_tokens']} tokens): "
-            f"logits {share['logits_bytes'] / GIB:.2f} GiB against the rest {share['rest_bytes'] / GIB:.2f} GiB"
+            f"model at {name}'s max ({share.completion_tokens} tokens): "
+            f"logits {share.logits_bytes / GIB:.2f} GiB against the rest {share.rest_bytes / GIB:.2f} GiB"
         )
     errors = [
-        abs(p["predicted_peak_bytes"] - p["peak_bytes"]) / p["peak_bytes"]
-        for entry in data["contenders"]
-        for p in entry["probes"]
-        if p["fits"] and p["peak_bytes"]
+        abs(p.predicted_peak_bytes - p.peak_bytes) / p.peak_bytes
+        for entry in run.contenders
+        for p in entry.probes
+        if p.fits and p.peak_bytes
     ]
     if errors:
         print(f"analytic peak vs measured over the fitting probes: median abs error {statistics.median(errors):.0%}")
-    print(f"\nclaim (seed): {data['verdict']['seed_claim']}")
-    print(f"claim (Unsloth): {data['verdict']['unsloth_claim']}")
+    print(f"\nclaim (seed): {run.verdict.seed_claim}")
+    print(f"claim (Unsloth): {run.verdict.unsloth_claim}")
     print(
         "predicted: the analytic model alone; anchored: its per-token terms on top of the smallest fitting "
         "probe's measured peak (its fixed part replaced by the measurement)"
     )
-    print(f"verdict: {data['verdict']['text']}")
+    print(f"verdict: {run.verdict.text}")
 
 
 def _x(value: float | None) -> str:

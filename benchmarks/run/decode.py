@@ -143,19 +143,20 @@ def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], 
         )
 
 
-def run_sweep(profile: Any, model_dir: str, shape: Shape, ceiling: dict, spec_gb_s: float | None) -> list[dict]:
+def run_sweep(
+    profile: Any, model_dir: str, shape: Shape, ceiling: schema.BestKernel, spec_gb_s: float | None
+) -> list[schema.DecodePoint]:
     """Every engine x point of the profile's sweep, one worker process per engine."""
     settings = profile.decode
-    best = ceiling_of(ceiling)
     points = [(b, c) for b in settings.batches for c in settings.contexts if b * c <= settings.max_prefill_tokens]
-    rows: list[dict] = [
-        {
-            "engine": engine,
-            "batch": b,
-            "context": c,
-            "status": "skipped",
-            "reason": f"prefill of {b * c} tokens: past max_prefill_tokens ({settings.max_prefill_tokens}) here",
-        }
+    rows = [
+        schema.DecodePoint(
+            engine=engine,
+            batch=b,
+            context=c,
+            status="skipped",
+            reason=f"prefill of {b * c} tokens: past max_prefill_tokens ({settings.max_prefill_tokens}) here",
+        )
         for engine in settings.engines
         for b in settings.batches
         for c in settings.contexts
@@ -166,14 +167,9 @@ def run_sweep(profile: Any, model_dir: str, shape: Shape, ceiling: dict, spec_gb
             try:
                 import vllm  # noqa: F401
             except ImportError as error:
+                reason = f"vLLM is not installed ({error})"
                 rows += [
-                    {
-                        "engine": engine,
-                        "batch": b,
-                        "context": c,
-                        "status": "skipped",
-                        "reason": f"vLLM is not installed ({error})",
-                    }
+                    schema.DecodePoint(engine=engine, batch=b, context=c, status="skipped", reason=reason)
                     for b, c in points
                 ]
                 continue
@@ -187,26 +183,28 @@ def run_sweep(profile: Any, model_dir: str, shape: Shape, ceiling: dict, spec_gb
             "repeats": settings.repeats,
         }
         print(f"decoding with {engine}: {len(points)} points ...", flush=True)
-        env = {**os.environ, **VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": "4"}
-        done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.run.decode"],
-            input=json.dumps(job),
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        measured = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-        for row in measured:
-            row.update(
-                status="ok",
-                efficiency_vs_ceiling=row["achieved_gb_s"] / best["median_gb_s"],
-                within_ceiling=row["achieved_gb_s"] <= best["max_gb_s"],  # the median plus the probe's spread
-                efficiency_vs_spec=row["achieved_gb_s"] / spec_gb_s if spec_gb_s else None,
-            )
-        rows += measured
+        done = _decode_process(job, {**VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": "4"})
+        for line in done.stdout.splitlines():
+            if line.startswith("{"):
+                row = schema.decode(schema.DecodePoint, {**json.loads(line), "status": "ok"}, f"decode {engine}")
+                row.efficiency_vs_ceiling = row.achieved_gb_s / ceiling.median_gb_s
+                row.within_ceiling = row.achieved_gb_s <= ceiling.max_gb_s  # the median plus the probe's spread
+                row.efficiency_vs_spec = row.achieved_gb_s / spec_gb_s if spec_gb_s else None
+                rows.append(row)
         if done.returncode != 0:
-            rows.append({"engine": engine, "status": "error", "reason": done.stderr[-2000:]})
+            rows.append(schema.DecodePoint(engine=engine, status="error", reason=done.stderr[-2000:]))
     return rows
+
+
+def _decode_process(job: dict, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``python -m benchmarks.run.decode`` with ``job`` on stdin: one engine's sweep, or the probe."""
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.run.decode"],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
 
 
 def run_decode(profile: Any, quick: bool, out: Any) -> Any:
@@ -222,37 +220,34 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     job = {
         "probe": {"device": device, "array_bytes": settings.probe_array_mib << 20, "repeats": settings.probe_repeats}
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run.decode"],
-        input=json.dumps(job),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = _decode_process(job, {})
     if done.returncode != 0:
         raise RuntimeError(f"the bandwidth probe failed (exit {done.returncode}): {done.stderr[-2000:]}")
-    ceiling = json.loads(done.stdout.strip().splitlines()[-1])
+    probed = json.loads(done.stdout.strip().splitlines()[-1])
+    ceiling = schema.decode(schema.Ceiling, probed, "the bandwidth probe")
+    best = schema.decode(schema.BestKernel, ceiling_of(probed), "the bandwidth probe's ceiling")
     path = out / profile.hardware / f"{machine.stamp()}-decode.json"
-    result = {
-        **machine.result_header("decode", profile, quick),
-        "ceiling": ceiling,
-        "projection_rollout": {
-            "sequences": settings.rollout_prompts * settings.rollout_num_generations,
-            "prompt_tokens": settings.rollout_prompt_tokens,
-            "completion_tokens": settings.rollout_completion_tokens,
-            "dtype_bytes": settings.projection_dtype_bytes,
-            "what": "bandwidth-bound decode only (every weight and the whole KV cache read per step); prefill apart",
-        },
-        "device_ceiling": ceiling_of(ceiling),
-        "projections": projections(profile, ceiling_of(ceiling)["median_gb_s"]),
-        "sweep": [],
-    }
-    schema.write_atomically(path, result)  # the ceiling is kept even if the sweep breaks
+    result = schema.DecodeFile(
+        **machine.header("decode", profile, quick),
+        ceiling=ceiling,
+        projection_rollout=schema.RolloutShape(
+            sequences=settings.rollout_prompts * settings.rollout_num_generations,
+            prompt_tokens=settings.rollout_prompt_tokens,
+            completion_tokens=settings.rollout_completion_tokens,
+            dtype_bytes=settings.projection_dtype_bytes,
+            what="bandwidth-bound decode only (every weight and the whole KV cache read per step); prefill apart",
+        ),
+        device_ceiling=best,
+        projections=[
+            schema.decode(schema.Projection, row, "projection") for row in projections(profile, best.median_gb_s)
+        ],
+    )
+    schema.write(path, result)  # the ceiling is kept even if the sweep breaks
     with schema.marked_incomplete(path, result):
         shape = load_shapes()[settings.shape]
         model_dir = str(materialise(shape, settings.dtype))
         spec = load_hardware()[profile.hardware].spec_bandwidth_gb_s
-        result["sweep"] = run_sweep(profile, model_dir, shape, ceiling, spec)
+        result.sweep = run_sweep(profile, model_dir, shape, best, spec)
     return path
 
 

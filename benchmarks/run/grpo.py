@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,6 @@ VLLM_CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "all",
 }
-HOST_RSS = "host RSS of the worker and its children"
 
 
 class MemorySampler(threading.Thread):
@@ -123,43 +122,44 @@ class MemorySampler(threading.Thread):
             self.stopped.wait(SAMPLE_INTERVAL_S)
 
 
-def _summary(steps: list[dict], peak_key: str, peak_measure: str) -> dict[str, Any]:
-    """Medians and peaks over the measured steps; ``peak_key`` names the step's per-phase peaks that
-    stand for the run (device memory on CUDA, host RSS on CPU), described by ``peak_measure``."""
-    measured = [s for s in steps if not s["warmup"]] or steps
+def _summary(steps: list[schema.Step], peak_measure: str) -> schema.Summary | None:
+    """Medians and peaks over the measured steps (all steps where none is measured); the headline
+    peak is each step's ``peaks`` (device memory on CUDA, host RSS on CPU), ``peak_measure`` says which."""
+    measured = [s for s in steps if not s.warmup] or steps
     if not measured:
-        return {}
-    walls = [s["wall_s"] for s in measured]
+        return None
 
-    def by_phase(key: str) -> dict[str, int]:
+    def by_phase(peaks_of: Callable[[schema.Step], dict[str, int]]) -> dict[str, int]:
         peaks: dict[str, int] = {}
         for step in measured:
-            for phase, value in step.get(key, {}).items():
+            for phase, value in peaks_of(step).items():
                 peaks[phase] = max(peaks.get(phase, 0), value)
         return peaks
 
-    headline = [max(s.get(peak_key, {}).values(), default=0) for s in measured]
-    return {
-        "measured_steps": len(measured),
-        "step_s_median": statistics.median(walls),
-        "step_s_min": min(walls),
-        "step_s_max": max(walls),
-        "completion_tokens_per_s_median": statistics.median(s["completion_tokens_per_s"] for s in measured),
-        "phase_s_median": {
-            phase: statistics.median(s["phase_s"].get(phase, 0.0) for s in measured)
-            for phase in sorted({p for s in measured for p in s["phase_s"]})
+    walls = [s.wall_s for s in measured]
+    headline = [max(s.peaks.values(), default=0) for s in measured]
+    last = measured[-1]
+    return schema.Summary(
+        measured_steps=len(measured),
+        step_s_median=statistics.median(walls),
+        step_s_min=min(walls),
+        step_s_max=max(walls),
+        completion_tokens_per_s_median=statistics.median(s.completion_tokens_per_s for s in measured),
+        phase_s_median={
+            phase: statistics.median(s.phase_s.get(phase, 0.0) for s in measured)
+            for phase in sorted({p for s in measured for p in s.phase_s})
         },
-        "peak_bytes": max(headline),
-        "peak_bytes_by_phase": by_phase(peak_key),
-        "peak_measure": peak_measure,
-        "peak_rss_bytes": max(max(s["peak_rss_bytes"].values(), default=0) for s in measured),
-        "peak_rss_bytes_by_phase": by_phase("peak_rss_bytes"),
-        "peak_repeat_spread": (max(headline) - min(headline)) / max(headline) if max(headline) else 0.0,
-        "optimizer_state_bytes": measured[-1]["optimizer_state_bytes"],
-        "grad_bytes": measured[-1]["grad_bytes"],
-        "trainable_params": measured[-1]["trainable_params"],
-        "reference_model_bytes": measured[-1]["reference_model_bytes"],
-    }
+        peak_bytes=max(headline),
+        peak_bytes_by_phase=by_phase(lambda s: s.peaks),
+        peak_measure=peak_measure,
+        peak_rss_bytes=max(max(s.peak_rss_bytes.values(), default=0) for s in measured),
+        peak_rss_bytes_by_phase=by_phase(lambda s: s.peak_rss_bytes),
+        peak_repeat_spread=(max(headline) - min(headline)) / max(headline) if max(headline) else 0.0,
+        optimizer_state_bytes=last.optimizer_state_bytes,
+        grad_bytes=last.grad_bytes,
+        trainable_params=last.trainable_params,
+        reference_model_bytes=last.reference_model_bytes,
+    )
 
 
 def _die_with_parent() -> None:
@@ -187,7 +187,7 @@ def run_configuration(
     python: str = sys.executable,
     timeout_s: float | None = None,
     nvml: Any = None,
-) -> dict[str, Any]:
+) -> schema.WorkerRecord:
     """One worker process (run by ``python``, another stack's venv for instance; started under
     ``prefix``, e.g. ``unshare --net``, ``numactl``); returns its record: status ok, oom,
     timeout (past ``timeout_s``), skipped or error.
@@ -233,7 +233,7 @@ def run_configuration(
     started = time.monotonic()
     worker.stdin.write(json.dumps({**job, "channel_fd": write_end}))
     worker.stdin.close()
-    steps: list[dict] = []
+    steps: list[schema.Step] = []
     versions: dict[str, str] = {}
     on_cuda: dict[str, Any] = {}  # the worker's word that it runs on the device, and its budget there
     ending: dict[str, Any] = {"event": "error", "error": "the worker ended without a word"}
@@ -255,7 +255,8 @@ def run_configuration(
             elif kind == "step_begin":
                 sampler.move_to((event["step"], sampler.where[1]))
             elif kind == "step":
-                steps.append(event)
+                step = {k: v for k, v in event.items() if k != "event"}
+                steps.append(schema.decode(schema.Step, step, f"{log_path.name}: step event"))
             elif kind == "versions":
                 versions = event["versions"]
             elif kind == "device":
@@ -269,59 +270,51 @@ def run_configuration(
     sampler.join()
     wall = time.monotonic() - started
     on_device = device is not None and bool(on_cuda)
-    device_peaks, measure = sampler.device_peaks() if on_device else ({}, HOST_RSS)
+    device_peaks, measure = sampler.device_peaks() if on_device else ({}, schema.HOST_RSS)
     for step in steps:
-        step["peak_rss_bytes"] = _per_step(sampler.peaks, step["step"])
+        step.peak_rss_bytes = _per_step(sampler.peaks, step.step)
         if on_device:
-            step["peak_device_bytes"] = _per_step(device_peaks, step["step"])
-            step["peak_device_used_bytes"] = _per_step(sampler.device_used_peaks, step["step"])
-    record: dict[str, Any] = {"status": "ok" if ending["event"] == "done" else ending["event"], "steps": steps}
-    if versions:
-        record["versions"] = versions
-    if on_cuda:
-        record["device"] = on_cuda
+            step.peak_device_bytes = _per_step(device_peaks, step.step)
+            step.peak_device_used_bytes = _per_step(sampler.device_used_peaks, step.step)
+    record = schema.WorkerRecord(status="ok" if ending["event"] == "done" else ending["event"], steps=steps)
+    record.versions, record.device = versions, on_cuda or None
     if timed_out.is_set():
-        record.update(
-            status="timeout",
-            phase=sampler.where[1],
-            reason=f"still running after the configuration's limit of {timeout_s:g} s; the worker tree was stopped",
-        )
+        record.status, record.phase = "timeout", sampler.where[1]
+        record.reason = f"still running after the configuration's limit of {timeout_s:g} s; the worker tree was stopped"
     elif sampler.over_budget is not None:
-        record.update(
-            status="oom",
-            phase=sampler.over_budget[1],
-            reason=f"worker tree RSS passed the {budget_bytes / GIB:.1f} GiB budget",
-        )
+        record.status, record.phase = "oom", sampler.over_budget[1]
+        record.reason = f"worker tree RSS passed the {budget_bytes / GIB:.1f} GiB budget"
     elif ending["event"] in ("oom", "skipped"):
-        record.update({k: v for k, v in ending.items() if k in ("phase", "reason", "error")})
+        record.phase, record.reason, record.error = ending.get("phase"), ending.get("reason"), ending.get("error")
     elif ending["event"] != "done":
         tail = log_path.read_text(errors="replace")[-3000:]
-        record.update(reason=ending.get("error", f"worker exit {worker.returncode}"), log_tail=tail)
+        record.reason, record.log_tail = ending.get("error", f"worker exit {worker.returncode}"), tail
         refused = [line for line in tail.splitlines() if any(m in line for m in ENGINE_CANNOT_START)]
         if refused:  # vLLM's engine process refused to start; the worker saw only "initialization failed"
-            record.update(status="oom", phase="engine_start", reason=f"engine cannot start: {refused[-1][:400]}")
-    if record["status"] != "ok":  # where the memory stood when the worker ended (e.g. stopped at the budget)
-        finished = {step["step"] for step in steps}
-        for key, peaks in (
-            ("unfinished_peak_rss_bytes", sampler.peaks),
-            ("unfinished_peak_device_bytes", device_peaks),
-        ):
-            if peaks:
-                record[key] = {p: v for (i, p), v in peaks.items() if i is not None and i not in finished}
-    record["setup_peak_rss_bytes"] = max((p for (i, _), p in sampler.peaks.items() if i is None), default=0)
-    record["summary"] = _summary(steps, "peak_device_bytes" if on_device else "peak_rss_bytes", measure)
-    record["harness"] = {
-        "wall_s": wall,
-        "sampler_cpu_s": sampler.cpu_s,
-        "samples": sampler.samples,
-        "overhead_fraction": sampler.cpu_s / wall if wall else 0.0,
-        "gpus": [g["index"] for g in used],  # NVML indices
-    }
+            record.status, record.phase = "oom", "engine_start"
+            record.reason = f"engine cannot start: {refused[-1][:400]}"
+    if record.status != "ok":  # where the memory stood when the worker ended (e.g. stopped at the budget)
+        finished = {step.step for step in steps}
+
+        def unfinished(peaks: dict[tuple[int | None, str], int]) -> dict[str, int] | None:
+            return {p: v for (i, p), v in peaks.items() if i is not None and i not in finished} if peaks else None
+
+        record.unfinished_peak_rss_bytes = unfinished(sampler.peaks)
+        record.unfinished_peak_device_bytes = unfinished(device_peaks)
+    record.setup_peak_rss_bytes = max((p for (i, _), p in sampler.peaks.items() if i is None), default=0)
+    record.summary = _summary(steps, measure)
+    record.harness = schema.Harness(
+        wall_s=wall,
+        sampler_cpu_s=sampler.cpu_s,
+        samples=sampler.samples,
+        overhead_fraction=sampler.cpu_s / wall if wall else 0.0,
+        gpus=[g["index"] for g in used],  # NVML indices
+    )
     return record
 
 
-def _skipped(reason: str) -> dict[str, Any]:
-    return {"status": "skipped", "reason": reason, "steps": [], "summary": {}}
+def _skipped(reason: str) -> schema.WorkerRecord:
+    return schema.WorkerRecord(status="skipped", reason=reason)
 
 
 def resolved_levers(levers: Levers, prompt_words: int) -> Levers:
@@ -344,11 +337,7 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = ())
     model_dir = materialise(shape, grpo.dtype)
     budget = int(grpo.memory_budget_gib * GIB)
     path = out / profile.hardware / f"{machine.stamp()}-grpo.json"
-    result: dict[str, Any] = {
-        **machine.result_header("grpo", profile, quick),
-        "shape": {"name": grpo.shape, **asdict(shape), "param_count": shape.param_count()},
-        "configurations": [],
-    }
+    result = schema.GrpoFile(**machine.header("grpo", profile, quick), shape=machine.shape_record(grpo.shape))
     todo = [
         (name, levers)
         for name, levers in configurations(grpo)
@@ -368,75 +357,70 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = ())
                 "prompt_words": grpo.prompt_words,
                 "memory_budget_bytes": budget,  # CUDA: the worker caps torch's allocator at it
             }
-            record = {
-                "name": name,
-                "levers": asdict(levers),
-                **run_configuration(job, budget, Path(logs) / f"{number}.log", timeout_s=grpo.configuration_timeout_s),
-            }
-            result["configurations"].append(record)
-            result["finished"] = schema.now()
-            schema.write_atomically(path, result)
-            print(_one_line(record), flush=True)
-        result["targets"] = targets(result["configurations"], time.monotonic() - started, quick)
+            ran = run_configuration(job, budget, Path(logs) / f"{number}.log", timeout_s=grpo.configuration_timeout_s)
+            configuration = schema.Configuration(name=name, levers=asdict(levers), **vars(ran))
+            result.configurations.append(configuration)
+            result.finished = schema.now()
+            schema.write(path, result)
+            print(_one_line(configuration), flush=True)
+        result.targets = targets(result.configurations, time.monotonic() - started, quick)
     return path
 
 
-def targets(records: list[dict], wall_s: float, quick: bool) -> list[dict[str, Any]]:
+def targets(records: list[schema.Configuration], wall_s: float, quick: bool) -> list[schema.Target]:
     """The issue's targets for this part, as measured in this run (not asserted anywhere)."""
-    ok = [r for r in records if r["status"] == "ok" and r.get("summary")]
-    overhead = max((r["harness"]["overhead_fraction"] for r in records if "harness" in r), default=None)
-    spread = max((r["summary"]["peak_repeat_spread"] for r in ok if r["summary"]["measured_steps"] > 1), default=None)
+    summaries = [r.summary for r in records if r.status == "ok" and r.summary]
+    overhead = max((r.harness.overhead_fraction for r in records if r.harness), default=None)
+    spread = max((s.peak_repeat_spread for s in summaries if s.measured_steps > 1), default=None)
     limit_s = 120 if quick else 900
     return [
-        {
-            "claim": f"the {'--quick ' if quick else ''}GRPO part finishes within {limit_s // 60} minutes",
-            "measured": wall_s,
-            "limit": limit_s,
-            "met": wall_s <= limit_s,
-        },
-        {
-            "claim": "harness overhead (the parent's memory sampler, CPU time over wall time) at most 2% of step time",
-            "measured": overhead,
-            "limit": 0.02,
-            "met": None if overhead is None else overhead <= 0.02,
-        },
-        {
-            "claim": "peak memory of repeated measured steps within 2% of each other",
-            "measured": spread,
-            "limit": 0.02,
-            "met": None if spread is None else spread <= 0.02,
-        },
+        schema.Target(
+            claim=f"the {'--quick ' if quick else ''}GRPO part finishes within {limit_s // 60} minutes",
+            measured=wall_s,
+            limit=limit_s,
+            met=wall_s <= limit_s,
+        ),
+        schema.Target(
+            claim="harness overhead (the parent's memory sampler, CPU time over wall time) at most 2% of step time",
+            measured=overhead,
+            limit=0.02,
+            met=None if overhead is None else overhead <= 0.02,
+        ),
+        schema.Target(
+            claim="peak memory of repeated measured steps within 2% of each other",
+            measured=spread,
+            limit=0.02,
+            met=None if spread is None else spread <= 0.02,
+        ),
     ]
 
 
-def _one_line(record: dict) -> str:
-    summary = record.get("summary") or {}
-    if record["status"] != "ok":
-        return f"{record['status']}: {record.get('reason') or record.get('phase') or ''}".strip()
+def _one_line(record: schema.Configuration) -> str:
+    summary = record.summary
+    if record.status != "ok" or summary is None:
+        return f"{record.status}: {record.reason or record.phase or ''}".strip()
     return (
-        f"ok: {summary['step_s_median']:.2f} s/step, {summary['completion_tokens_per_s_median']:.1f} tok/s, "
-        f"peak {summary['peak_bytes'] / GIB:.2f} GiB ({summary['peak_measure']})"
+        f"ok: {summary.step_s_median:.2f} s/step, {summary.completion_tokens_per_s_median:.1f} tok/s, "
+        f"peak {summary.peak_bytes / GIB:.2f} GiB ({summary.peak_measure})"
     )
 
 
 def print_summary(path: Path) -> None:
-    data = json.loads(path.read_text())
-    for target in data.get("targets", []):
-        met = {True: "met", False: "MISSED", None: "not measured"}[target["met"]]
-        print(f"target: {target['claim']}: {met} (measured {target['measured']}, limit {target['limit']})")
-    if not data.get("complete", True):
-        print(f"INCOMPLETE: {data.get('ended_early') or 'the run ended before its last configuration'}")
+    run = schema.read_result(path, str(path)).record
+    for target in run.targets:
+        met = {True: "met", False: "MISSED", None: "not measured"}[target.met]
+        print(f"target: {target.claim}: {met} (measured {target.measured}, limit {target.limit})")
+    if not run.complete:
+        print(f"INCOMPLETE: {run.ended_early or 'the run ended before its last configuration'}")
     phases = ("rollout", "logprob", "forward_backward", "optimizer")
-    measures = {(r.get("summary") or {}).get("peak_measure") for r in data["configurations"]} - {None}
+    measures = {r.summary.peak_measure for r in run.configurations if r.summary}
     header = f"peak GiB by phase ({'; '.join(sorted(measures)) or 'none measured'}): " + " / ".join(phases)
     print(f"\n{'configuration':80} {'status':8} {'s/step':>7} {'tok/s':>7}  {header}")
-    for record in data["configurations"]:
-        summary = record.get("summary") or {}
-        if record["status"] != "ok" or not summary:
-            print(f"{record['name']:80} {record['status']:8} {record.get('reason') or record.get('phase') or ''}")
+    for record in run.configurations:
+        summary = record.summary
+        if record.status != "ok" or summary is None:
+            print(f"{record.name:80} {record.status:8} {record.reason or record.phase or ''}")
             continue
-        by_phase = " / ".join(f"{summary['peak_bytes_by_phase'].get(p, 0) / GIB:5.2f}" for p in phases)
-        print(
-            f"{record['name']:80} {'ok':8} {summary['step_s_median']:7.2f} "
-            f"{summary['completion_tokens_per_s_median']:7.1f}  {by_phase}"
-        )
+        by_phase = " / ".join(f"{summary.peak_bytes_by_phase.get(p, 0) / GIB:5.2f}" for p in phases)
+        speed = f"{summary.step_s_median:7.2f} {summary.completion_tokens_per_s_median:7.1f}"
+        print(f"{record.name:80} {'ok':8} {speed}  {by_phase}")

@@ -7,10 +7,12 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from benchmarks import REPO
+from benchmarks.catalog.profiles import Profile, load_shapes
 from benchmarks.results import schema
 from benchmarks.run import devices
 
@@ -65,16 +67,21 @@ def stamp() -> str:
     return f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}"
 
 
-def result_header(kind: str, profile: Any, quick: bool) -> dict[str, Any]:
-    """What every result file opens with: kind and schema, when, where, with what, from which commit."""
+def header(kind: str, profile: Profile, quick: bool) -> dict[str, Any]:
+    """The fields every result file opens with (``schema.RunFile``): kind and schema, when, where,
+    with what, from which commit, the whole resolved profile; not complete until it is marked so."""
     return {
         "schema_version": schema.SCHEMA_VERSION,
         "kind": kind,
-        "complete": False,  # until the run's last measurement is written (marked_incomplete)
         "started": schema.now(),
         "quick": quick,
         "machine": fingerprint(),
         "versions": versions(),
         "commit": commit(),
-        "profile": profile.as_dict(),
+        "profile": schema.decode(schema.ProfileRecord, profile.as_dict(), "profile"),
     }
+
+
+def shape_record(name: str) -> schema.ShapeRecord:
+    shape = load_shapes()[name]
+    return schema.decode(schema.ShapeRecord, {"name": name, **asdict(shape), "param_count": shape.param_count()}, name)
