@@ -43,8 +43,8 @@ def detect(nvml: object = None) -> tuple[str, str | None, str]:
     if not gpus:
         return "cpu", None, "no CUDA device (NVML sees none)"
     first = gpus[0]
-    profile, hardware = devices.classify(first["name"], first["memory_gib"])
-    return profile, hardware, f"CUDA device {first['name']} ({first['memory_gib']:g} GiB, {first['memory_source']})"
+    profile, hardware = devices.classify(first.name, first.memory_gib)
+    return profile, hardware, f"CUDA device {first.name} ({first.memory_gib:g} GiB, {first.memory_source})"
 
 
 def chosen_profile(name: str | None, hardware: str | None, quick: bool = False) -> profiles.Profile:
@@ -67,7 +67,7 @@ def print_environment() -> None:
         except ImportError:
             print(f"{module}: not installed")
     gpus = devices.describe(devices.load_nvml())
-    print("GPUs: " + (", ".join(f"{g['index']}: {g['name']} {g['memory_gib']:g} GiB" for g in gpus) or "none"))
+    print("GPUs: " + (", ".join(f"{g.index}: {g.name} {g.memory_gib:g} GiB" for g in gpus) or "none"))
 
 
 def run_rewards(profile: profiles.Profile, quick: bool, out: Path) -> Path:

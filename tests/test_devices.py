@@ -114,7 +114,7 @@ def test_unified_memory_answering_not_supported_falls_back_to_meminfo_and_says_s
     meminfo.write_text(f"MemTotal:       {128 * 2**20} kB\nMemFree:  1 kB\nMemAvailable:   {120 * 2**20} kB\n")
     nvml = FakeNVML(gpu("NVIDIA GB10", 0, unified=True))
     (described,) = devices.describe(nvml, meminfo)
-    assert described["memory_gib"] == 128.0 and "NOT_SUPPORTED" in described["memory_source"]
+    assert described.memory_gib == 128.0 and "NOT_SUPPORTED" in described.memory_source
     memory = devices.DeviceMemory(nvml, [described], meminfo)  # baseline: 8 GiB used
     meminfo.write_text(f"MemTotal:       {128 * 2**20} kB\nMemAvailable:   {100 * 2**20} kB\n")
     assert memory.read({1}) == (None, 20 * GIB)

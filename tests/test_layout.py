@@ -85,3 +85,31 @@ def test_no_import_circle():
 
     for module in sorted(graph):
         walk(module, [])
+
+
+def test_no_reader_indexes_a_result_by_a_record_s_key():
+    """Reports and the command line read result files only through the schema's records: no string
+    subscript named like a record's field (Side.files is keyed by kind, and a record's maps by phase)."""
+    import dataclasses
+
+    from benchmarks.results import schema
+
+    records = [
+        v
+        for v in vars(schema).values()
+        if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == schema.__name__
+    ]
+    keys = {f.name for record in records for f in dataclasses.fields(record)}
+    readers = {m: p for m, p in MODULES.items() if m.startswith("benchmarks.report") or m == "benchmarks.cli"}
+    found = []
+    for path in readers.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.slice, ast.Constant)
+                and node.slice.value in keys
+                and not (isinstance(node.value, ast.Attribute) and node.value.attr == "files")
+                and not (isinstance(node.value, ast.Name) and node.value.id == "overrides")
+            ):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} [{node.slice.value!r}]")
+    assert not found, "result keys indexed outside benchmarks/results/schema.py: " + ", ".join(found)

@@ -140,13 +140,28 @@ class ProfileRecord:
 
 
 @dataclass(kw_only=True)
+class Gpu:
+    """A GPU as NVML describes it; ``memory_source`` says where its memory figure comes from."""
+
+    index: int
+    name: str
+    uuid: str = ""
+    memory_gib: float = 0.0
+    memory_source: str = "NVML"
+    driver: str = ""
+
+
+@dataclass(kw_only=True)
 class Machine:
     """The machine's fingerprint: CPU, cores, RAM; GPUs by NVML (name, memory, driver)."""
 
     cpu: str = "unknown"
     cores: int | None = None
     ram_gib: float | None = None
-    gpus: list[dict[str, Any]] = field(default_factory=list)
+    gpus: list[Gpu] = field(default_factory=list)
+    hostname: str = ""
+    platform: str = ""
+    python: str = ""
 
 
 @dataclass(kw_only=True)
@@ -191,6 +206,15 @@ class ShapeRecord:
 
 
 @dataclass(kw_only=True)
+class CudaPeaks:
+    """torch's allocator in one phase on CUDA, and the device as the driver saw it at the phase's end."""
+
+    allocated: int
+    reserved: int
+    device_used_at_end: int = 0
+
+
+@dataclass(kw_only=True)
 class Step:
     """One optimizer step of a worker: time per phase (exclusive), tokens, exact state bytes, and the
     peak memory per phase (host RSS; on CUDA the device memory of the run's processes too)."""
@@ -205,7 +229,7 @@ class Step:
     grad_bytes: int = 0
     trainable_params: int = 0
     reference_model_bytes: int = 0
-    cuda_peak_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
+    cuda_peak_bytes: dict[str, CudaPeaks] = field(default_factory=dict)
     peak_rss_bytes: dict[str, int] = field(default_factory=dict)
     peak_device_bytes: dict[str, int] | None = None
     peak_device_used_bytes: dict[str, int] | None = None

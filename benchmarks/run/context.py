@@ -118,7 +118,7 @@ def anchored_max(
 def _probe_record(length: int, record: schema.WorkerRecord, predicted_peak: int, wall_s: float) -> schema.Probe:
     step = record.steps[-1] if record.steps else None
     by_phase = (step.peak_rss_bytes if step else None) or record.unfinished_peak_rss_bytes or {}
-    cuda = {phase: peaks["reserved"] for phase, peaks in step.cuda_peak_bytes.items()} if step else {}
+    cuda = {phase: peaks.reserved for phase, peaks in step.cuda_peak_bytes.items()} if step else {}
     peaks = cuda or by_phase
     return schema.Probe(
         completion_tokens=length,

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.results import schema
+
 GIB = 2**30
 MEMINFO = Path("/proc/meminfo")
 UNIFIED = "unified memory: /proc/meminfo (NVML answers NOT_SUPPORTED for this device's memory)"
@@ -52,7 +54,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def describe(nvml: Any, meminfo: Path = MEMINFO) -> list[dict[str, Any]]:
+def describe(nvml: Any, meminfo: Path = MEMINFO) -> list[schema.Gpu]:
     """Every GPU NVML sees: index, name, UUID, memory (GiB) and where that figure comes from, driver."""
     if nvml is None:
         return []
@@ -65,26 +67,26 @@ def describe(nvml: Any, meminfo: Path = MEMINFO) -> list[dict[str, Any]]:
         except nvml.NVMLError_NotSupported:
             memory, source = meminfo_bytes(meminfo)[0], UNIFIED
         found.append(
-            {
-                "index": index,
-                "name": _text(nvml.nvmlDeviceGetName(handle)),
-                "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
-                "memory_gib": round(memory / GIB, 2),
-                "memory_source": source,
-                "driver": driver,
-            }
+            schema.Gpu(
+                index=index,
+                name=_text(nvml.nvmlDeviceGetName(handle)),
+                uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                memory_gib=round(memory / GIB, 2),
+                memory_source=source,
+                driver=driver,
+            )
         )
     return found
 
 
-def visible(gpus: list[dict[str, Any]], environ: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def visible(gpus: list[schema.Gpu], environ: dict[str, str] | None = None) -> list[schema.Gpu]:
     """The GPUs ``CUDA_VISIBLE_DEVICES`` leaves to CUDA, in CUDA's order (indices or UUIDs; unset: all)."""
     listed = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
     if listed is None:
         return list(gpus)
     chosen = []
     for item in filter(None, (part.strip() for part in listed.split(","))):
-        match = [g for g in gpus if str(g["index"]) == item or g["uuid"] == item or g["uuid"].startswith(item)]
+        match = [g for g in gpus if str(g.index) == item or g.uuid.startswith(item)]
         if not match:  # CUDA stops at the first entry it cannot resolve
             break
         chosen.append(match[0])
@@ -125,23 +127,23 @@ class Split:
     server: list[str]
 
 
-def split_for_server(gpus: list[dict[str, Any]]) -> Split | None:
+def split_for_server(gpus: list[schema.Gpu]) -> Split | None:
     """The first visible GPU for the trainer, the second for the server (TRL's weight sync is an
     NCCL group: two ranks on one device fail with 'Duplicate GPU detected'); None on fewer than two."""
     if len(gpus) < 2:
         return None
-    return Split(trainer=[gpus[0]["uuid"]], server=[gpus[1]["uuid"]])
+    return Split(trainer=[gpus[0].uuid], server=[gpus[1].uuid])
 
 
 class DeviceMemory:
     """Device memory held by a process tree on the GPUs it uses; baseline read at construction,
     before the worker starts."""
 
-    def __init__(self, nvml: Any, gpus: list[dict[str, Any]], meminfo: Path = MEMINFO) -> None:
+    def __init__(self, nvml: Any, gpus: list[schema.Gpu], meminfo: Path = MEMINFO) -> None:
         self.nvml = nvml
         self.meminfo = meminfo
-        self.handles = [nvml.nvmlDeviceGetHandleByIndex(g["index"]) for g in gpus]
-        self.unified = any(g["memory_source"] == UNIFIED for g in gpus)
+        self.handles = [nvml.nvmlDeviceGetHandleByIndex(g.index) for g in gpus]
+        self.unified = any(g.memory_source == UNIFIED for g in gpus)
         self.baseline = self._used()
         self.source = (
             UNIFIED + ", used minus the baseline before the worker started"

@@ -209,9 +209,9 @@ def run_configuration(
             )
         env["CUDA_VISIBLE_DEVICES"] = ",".join(split.trainer)
         job = {**job, "server_devices": split.server}
-        used = [g for g in gpus if g["uuid"] in split.trainer + split.server]
+        used = [g for g in gpus if g.uuid in split.trainer + split.server]
     elif gpus:
-        env["CUDA_VISIBLE_DEVICES"] = gpus[0]["uuid"]
+        env["CUDA_VISIBLE_DEVICES"] = gpus[0].uuid
     device = devices.DeviceMemory(nvml, used) if used else None  # its baseline: before the worker starts
     read_end, write_end = os.pipe()
     with open(log_path, "w") as log:
@@ -308,7 +308,7 @@ def run_configuration(
         sampler_cpu_s=sampler.cpu_s,
         samples=sampler.samples,
         overhead_fraction=sampler.cpu_s / wall if wall else 0.0,
-        gpus=[g["index"] for g in used],  # NVML indices
+        gpus=[g.index for g in used],  # NVML indices
     )
     return record
 

@@ -33,16 +33,16 @@ def ram_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
-def fingerprint() -> dict[str, Any]:
-    return {
-        "hostname": platform.node(),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "ram_gib": round(ram_gib(), 2),
-        "gpus": devices.describe(devices.load_nvml()),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
+def fingerprint() -> schema.Machine:
+    return schema.Machine(
+        cpu=cpu_model(),
+        cores=os.cpu_count(),
+        ram_gib=round(ram_gib(), 2),
+        gpus=devices.describe(devices.load_nvml()),
+        hostname=platform.node(),
+        platform=platform.platform(),
+        python=platform.python_version(),
+    )
 
 
 def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
@@ -56,11 +56,13 @@ def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     return found
 
 
-def commit() -> dict[str, Any]:
+def commit() -> schema.Commit:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
-    return {"id": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    return schema.Commit(
+        id=git("rev-parse", "HEAD") or None, dirty=bool(git("status", "--porcelain", "--untracked-files=no"))
+    )
 
 
 def stamp() -> str:
