@@ -72,8 +72,13 @@ def grpo_file(
     return path
 
 
+def flat(text):
+    """A markdown table as pandas writes it, with its cells' padding gone: ``| a | b |``."""
+    return "\n".join(" ".join(line.split()) for line in str(text).splitlines())
+
+
 def sizing_row(directory, shape):
-    table = tables.sizing_table(schema.load_results(directory))
+    table = flat(tables.sizing_table(schema.load_results(directory)))
     header = table.splitlines()[0]
     row = next(line for line in table.splitlines() if line.startswith(f"| {shape} "))
     return header, dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
@@ -98,7 +103,7 @@ def test_a_run_that_ended_early_is_never_cited_as_a_measurement(tmp_path):
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "complete": False, "ended_early": "signal SIGTERM at ..."}))
     built = tables.build(tables.headline(schema.load_results(results)))
-    row = next(line for line in built["sizing"].splitlines() if line.startswith("| 32b "))
+    row = next(line for line in flat(built["sizing"]).splitlines() if line.startswith("| 32b "))
     assert "measured" not in row and path.name not in row
     written = tables.write_tables(results, tmp_path / "tables")
     sizing = next(p for p in written if p.name == "sizing.md").read_text()
@@ -233,7 +238,7 @@ def test_compare_matches_configurations_by_lever_values_across_versions(tmp_path
     older.write_text(json.dumps(data))
     lines = compare.grpo_rows(compare.resolve_sides(["h100", "h200"], results))
     assert lines[0].startswith("GRPO configurations in every side (1;")
-    assert "| model=lora | 3.00, 50.00 | 3.00, 100.00 | 1.00x, 2.00x |" in lines
+    assert "| model=lora | 3.00, 50.00 | 3.00, 100.00 | 1.00x, 2.00x |" in flat("\n".join(lines))
 
 
 def test_compare_refuses_a_quick_run_beside_a_full_one(tmp_path):
@@ -268,7 +273,7 @@ def test_compare_puts_matching_configurations_side_by_side_with_ratios_and_draws
     sides = compare.resolve_sides(["h100", "h200"], results)
     written = compare.write_comparison(sides, tmp_path / "out")
     text = written[0].read_text()
-    assert "| model=lora | 3.00, 50.00 | 3.00, 100.00 | 1.00x, 2.00x |" in text
+    assert "| model=lora | 3.00, 50.00 | 3.00, 100.00 | 1.00x, 2.00x |" in flat(text)
     pngs = [p for p in written if p.suffix == ".png"]
     assert {p.name for p in pngs} >= {"memory-breakdown-h100.png", "memory-by-phase-h200.png"}
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in pngs)
@@ -382,10 +387,11 @@ def test_the_context_table_and_the_model_table_follow_a_context_file(tmp_path):
     (tmp_path / "cpu" / "x-context.json").write_text(json.dumps(data))
     results = schema.load_results(tmp_path)
     text = tables.context_table(results)
+    text = flat(text)
     assert "| trl-1.16 | measured | 240 | 256 | 704 |" in text and "skipped: needs CUDA" in text
     assert (
         "| unsloth-2026.10.9 | measured | 240 | 256 | 704 | 3.00x (predicted 1.00x) | 1.00x (predicted 1.00x) |" in text
     )
     assert "reached 3.0x the context of unchunked TRL 1.14.2" in text and "not reproduced" in text
     assert "budget 5 GiB" in text
-    assert "| cpu/x-context.json | trl-1.16 | 1 | " in "\n".join(tables._context_probe_errors(results))
+    assert "| cpu/x-context.json | trl-1.16 | 1 | " in flat("\n".join(tables._context_probe_errors(results)))

@@ -17,15 +17,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.model.estimate import GIB
+from benchmarks.report import frames
 from benchmarks.report.figures import decode_figure
-from benchmarks.report.tables import markdown_head
 from benchmarks.report.validation import measured_phases, predict_configuration
 from benchmarks.results.schema import GrpoFile, Result, load_results, read_result
 
 KINDS = ("grpo", "decode", "context", "rewards")
-PHASE_ORDER = ("setup", "rollout", "sleep_wake", "reward", "scoring", "logprob", "forward_backward", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -91,42 +92,52 @@ def _ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}x" if value and base else ""
 
 
+def _side_by_side(frames_: list[pd.DataFrame], key: list[str], labels: list[str]) -> pd.DataFrame:
+    """The rows every side has, matched on ``key``: one frame, each side's columns suffixed by its label."""
+    merged = frames_[0].add_suffix(f" {labels[0]}").rename(columns={f"{k} {labels[0]}": k for k in key})
+    for frame, label in zip(frames_[1:], labels[1:]):
+        merged = merged.merge(frame.add_suffix(f" {label}").rename(columns={f"{k} {label}": k for k in key}), on=key)
+    return merged
+
+
 def grpo_rows(sides: list[Side]) -> list[str]:
-    runs = [(s, s.files["grpo"].record) for s in sides if "grpo" in s.files]
+    runs = [(s, s.files["grpo"]) for s in sides if "grpo" in s.files]
     if len(runs) < 2:
         return []
+    labels = [s.label for s, _ in runs]
     # Like with like by lever values, not names: a name lists only the levers its profile varied, and
     # files of other versions carry levers the older ones lack; match on the levers every side records.
-    recorded = [{lever for c in run.configurations for lever in c.levers} for _, run in runs]
-    levers = sorted(set.intersection(*recorded))
-    by_levers = [{tuple(c.levers[k] for k in levers): c for c in run.configurations} for _, run in runs]
-    common = [key for key in by_levers[0] if all(key in other for other in by_levers[1:])]
-    measures = sorted({c.summary.peak_measure for _, run in runs for c in run.configurations if c.summary})
-    header = ["configuration"] + [f"{s.label} s/step, peak GiB" for s, _ in runs] + ["ratio s/step, peak"]
-    lines = [
-        f"GRPO configurations in every side ({len(common)}; shapes: "
-        + ", ".join(f"{s.label} {run.shape.name}" for s, run in runs)
-        + "); peak: "
-        + "; ".join(measures),
-        "",
-        *markdown_head(header),
+    per_side = [frames.configurations([r]) for _, r in runs]
+    levers = sorted(set.intersection(*({c for c in f.columns if c.startswith("lever_")} for f in per_side)))
+    for frame in per_side:
+        frame[levers] = frame[levers].astype(str)  # values compare as recorded (1e-06 and 1e-06, True and True)
+        frame["cell"] = [
+            f"{step:.2f}, {peak / GIB:.2f}" if status == "ok" and step == step else status
+            for status, step, peak in zip(frame.status, frame.step_s, frame.peak_bytes)
+        ]
+    merged = _side_by_side([f[[*levers, "name", "cell", "step_s", "peak_bytes"]] for f in per_side], levers, labels)
+    first, last = labels[0], labels[-1]
+    table = pd.DataFrame({"configuration": merged[f"name {first}"]})
+    for label in labels:
+        table[f"{label} s/step, peak GiB"] = merged[f"cell {label}"]
+    table["ratio s/step, peak"] = [
+        f"{_ratio(a, b)}, {_ratio(c, d)}"
+        for a, b, c, d in zip(
+            merged[f"step_s {last}"],
+            merged[f"step_s {first}"],
+            merged[f"peak_bytes {last}"],
+            merged[f"peak_bytes {first}"],
+        )
     ]
-    for key in common:
-        records = [configurations[key] for configurations in by_levers]
-        cells, speeds, peaks = [], [], []
-        for record in records:
-            summary = record.summary
-            if record.status != "ok" or summary is None:
-                cells.append(record.status)
-                speeds.append(None)
-                peaks.append(None)
-                continue
-            speeds.append(summary.step_s_median)
-            peaks.append(summary.peak_bytes)
-            cells.append(f"{summary.step_s_median:.2f}, {summary.peak_bytes / GIB:.2f}")
-        ratio = f"{_ratio(speeds[-1], speeds[0])}, {_ratio(peaks[-1], peaks[0])}"
-        lines.append(f"| {records[0].name} | " + " | ".join(cells) + f" | {ratio} |")
-    return lines + [""]
+    measures = sorted({m for f in per_side for m in f.peak_measure.dropna()})
+    shapes = ", ".join(f"{label} {r.shape}" for label, (_, r) in zip(labels, runs))
+    head = f"GRPO configurations in every side ({len(table)}; shapes: {shapes}); peak: " + "; ".join(measures)
+    return [head, "", frames.markdown(table), ""]
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    ok = value is not None and base is not None and value == value and base == base and value and base
+    return f"{value / base:.2f}x" if ok else ""
 
 
 def _swept(side: Side) -> bool:
@@ -137,58 +148,61 @@ def decode_rows(sides: list[Side]) -> list[str]:
     runs = [(s, s.files["decode"].record) for s in sides if _swept(s)]
     if len(runs) < 2:
         return []
-    tables = [{(r.engine, r.batch, r.context): r for r in run.sweep if r.status == "ok"} for _, run in runs]
-    common = [k for k in tables[0] if all(k in t for t in tables[1:])]
-    header = ["engine, batch, context"] + [f"{s.label} GB/s (of ceiling)" for s, _ in runs] + ["ratio"]
-    lines = ["Decode points in every side:", "", *markdown_head(header)]
-    for key in common:
-        rows = [t[key] for t in tables]
-        cells = [f"{r.achieved_gb_s:.2f} ({r.efficiency_vs_ceiling:.0%})" for r in rows]
-        lines.append(
-            f"| {', '.join(map(str, key))} | "
-            + " | ".join(cells)
-            + f" | {_ratio(rows[-1].achieved_gb_s, rows[0].achieved_gb_s)} |"
-        )
-    return lines + [""]
-
-
-def _contenders(runs: list) -> list[str]:
-    return list(dict.fromkeys(c.name for _, run in runs for c in run.contenders))
+    labels = [s.label for s, _ in runs]
+    per_side = [frames.sweep(run).query("status == 'ok'") for _, run in runs]
+    key = ["engine", "batch", "context"]
+    merged = _side_by_side([f[[*key, "achieved_gb_s", "efficiency_vs_ceiling"]] for f in per_side], key, labels)
+    table = pd.DataFrame(
+        {"engine, batch, context": [f"{e}, {b}, {c}" for e, b, c in merged[key].itertuples(index=False)]}
+    )
+    for label in labels:
+        table[f"{label} GB/s (of ceiling)"] = [
+            f"{gb:.2f} ({share:.0%})"
+            for gb, share in zip(merged[f"achieved_gb_s {label}"], merged[f"efficiency_vs_ceiling {label}"])
+        ]
+    first, last = f"achieved_gb_s {labels[0]}", f"achieved_gb_s {labels[-1]}"
+    table["ratio"] = [_ratio(a, b) for a, b in zip(merged[last], merged[first])]
+    return ["Decode points in every side:", "", frames.markdown(table), ""]
 
 
 def context_rows(sides: list[Side]) -> list[str]:
     runs = [(s, s.files["context"].record) for s in sides if "context" in s.files]
     if len(runs) < 2:
         return []
-    header = ["contender"] + [f"{s.label} max tokens" for s, _ in runs] + ["ratio"]
-    lines = ["Max completion tokens per contender:", "", *markdown_head(header)]
-    for name in _contenders(runs):
-        entries = [next((c for c in run.contenders if c.name == name), None) for _, run in runs]
-        values = [entry.max_completion_tokens if entry else None for entry in entries]
-        cells = [str(v) if v is not None else "-" for v in values]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_ratio(values[-1], values[0])} |")
-    return lines + [""]
+    per_side = [frames.contenders(run).set_index("name").max_completion_tokens for _, run in runs]
+    names = list(dict.fromkeys(n for tokens in per_side for n in tokens.index))
+    table = pd.DataFrame({"contender": names})
+    for (side, _), tokens in zip(runs, per_side):
+        table[f"{side.label} max tokens"] = [_tokens(tokens.get(n)) for n in names]
+    table["ratio"] = [_ratio(per_side[-1].get(n), per_side[0].get(n)) for n in names]
+    return ["Max completion tokens per contender:", "", frames.markdown(table), ""]
+
+
+def _tokens(value: float | None) -> str:
+    return "-" if value is None or value != value else f"{value:.0f}"
 
 
 def rewards_rows(sides: list[Side]) -> list[str]:
     runs = [(s, s.files["rewards"].record) for s in sides if "rewards" in s.files]
     if len(runs) < 2:
         return []
-    tables = [
-        {(i.reward, i.implementation, i.batch, i.words, i.format): i.completions_per_s for i in infos}
-        for infos in ([b.extra_info for b in run.benchmarks] for _, run in runs)
-    ]
-    common = [k for k in tables[0] if all(k in t for t in tables[1:]) and k[1] == "grpo-bench" and k[4] == "str"]
-    header = ["reward, batch, words"] + [f"{s.label} completions/s" for s, _ in runs] + ["ratio"]
-    lines = ["Reward throughput in every side:", "", *markdown_head(header)]
-    for key in sorted(common):
-        values = [t[key] for t in tables]
-        lines.append(
-            f"| {key[0]}, {key[2]}, {key[3]} | "
-            + " | ".join(f"{v:,.0f}" for v in values)
-            + f" | {_ratio(values[-1], values[0])} |"
-        )
-    return lines + [""]
+    labels = [s.label for s, _ in runs]
+    key = ["reward", "implementation", "batch", "words", "format"]
+    per_side = [frames.reward_rows(run) for _, run in runs]
+    merged = _side_by_side([f[[*key, "completions_per_s"]] for f in per_side], key, labels)
+    merged = merged.query("implementation == 'grpo-bench' and format == 'str'").sort_values(key, kind="stable")
+    table = pd.DataFrame(
+        {
+            "reward, batch, words": [
+                f"{r}, {b}, {w}" for r, b, w in merged[["reward", "batch", "words"]].itertuples(index=False)
+            ]
+        }
+    )
+    for label in labels:
+        table[f"{label} completions/s"] = [f"{v:,.0f}" for v in merged[f"completions_per_s {label}"]]
+    first, last = f"completions_per_s {labels[0]}", f"completions_per_s {labels[-1]}"
+    table["ratio"] = [_ratio(a, b) for a, b in zip(merged[last], merged[first])]
+    return ["Reward throughput in every side:", "", frames.markdown(table), ""]
 
 
 def _pyplot():
@@ -232,17 +246,10 @@ def memory_by_phase_figure(side: Side, path: Path) -> None:
     """Through one measured step of each configuration: each phase's peak, at its place in time."""
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(8, 4.5))
-    for number, record in enumerate(side.files["grpo"].record.configurations, 1):
-        steps = [s for s in record.steps if not s.warmup]
-        if record.status != "ok" or not steps:
-            continue
-        step = steps[-1]
-        elapsed, xs, ys = 0.0, [], []
-        for phase in PHASE_ORDER:
-            if phase in step.phase_s and phase in step.peaks:  # device memory on CUDA, host RSS on CPU
-                xs += [elapsed, elapsed + step.phase_s[phase]]
-                ys += [step.peaks[phase] / GIB] * 2
-                elapsed += step.phase_s[phase]
+    for number, steps in frames.phases(side.files["grpo"]).groupby("number", sort=False):
+        ends = steps.seconds.cumsum()
+        xs = [x for start, end in zip(ends - steps.seconds, ends) for x in (start, end)]
+        ys = [y / GIB for y in steps.peak_bytes for _ in (0, 1)]  # device memory on CUDA, host RSS on CPU
         axes.plot(xs, ys, label=f"{number}")
     axes.set(xlabel="seconds into the step (phases in order, exclusive time)", ylabel="peak GiB in the phase")
     axes.set_title(f"{side.label}: memory by phase through a measured step")
@@ -254,17 +261,17 @@ def memory_by_phase_figure(side: Side, path: Path) -> None:
 
 def context_figure(sides: list[Side], path: Path) -> None:
     plt = _pyplot()
-    runs = [(s, s.files["context"].record) for s in sides if "context" in s.files]
-    names = _contenders(runs)
+    runs = [(s, frames.contenders(s.files["context"].record).set_index("name")) for s in sides if "context" in s.files]
+    names = list(dict.fromkeys(n for _, contenders in runs for n in contenders.index))
     figure, axes = plt.subplots(figsize=(8, 4.5))
     width = 0.8 / max(1, len(runs))
-    for offset, (side, run) in enumerate(runs):
-        entries = {c.name: c for c in run.contenders}
+    for offset, (side, contenders) in enumerate(runs):
+        contenders = contenders.reindex(names).fillna(
+            {"max_completion_tokens": 0, "predicted_max_completion_tokens": 0}
+        )
         xs = [i + offset * width for i in range(len(names))]
-        measured = [(entries[n].max_completion_tokens if n in entries else None) or 0 for n in names]
-        predicted = [(entries[n].predicted_max_completion_tokens if n in entries else None) or 0 for n in names]
-        axes.bar(xs, measured, width, label=f"{side.label}: measured")
-        axes.scatter(xs, predicted, marker="_", s=300, color="black", zorder=3)
+        axes.bar(xs, contenders.max_completion_tokens, width, label=f"{side.label}: measured")
+        axes.scatter(xs, contenders.predicted_max_completion_tokens, marker="_", s=300, color="black", zorder=3)
     axes.scatter([], [], marker="_", color="black", label="predicted (analytic model)")
     axes.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, fontsize=7)
     axes.set(ylabel="max completion tokens within the budget")

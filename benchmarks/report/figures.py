@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
+from benchmarks.report import frames
 from benchmarks.results.schema import DecodeFile, SchemaError, read_result
 from benchmarks.run.probe import ARRAYS_TOUCHED
 
@@ -11,39 +14,50 @@ from benchmarks.run.probe import ARRAYS_TOUCHED
 def decode_table(run: DecodeFile) -> str:
     """Markdown: the ceiling, the sweep, and Spark's rollout seconds per size class."""
     best = run.device_ceiling
+    points = frames.sweep(run)
+    ok = points.status == "ok"
+
+    def measured(column: str, spec: str) -> list[str]:
+        return [format(v, spec) if good else "" for v, good in zip(points[column], ok)]
+
+    sweep = pd.DataFrame(
+        {
+            "engine": points.engine,
+            "batch": [_blank(b) for b in points.batch],
+            "context": [_blank(c) for c in points.context],
+            # a point that did not run says why in the first measured column
+            "TTFT s": [
+                f"{t:.2f}" if good else f"{s}: {r}"
+                for t, good, s, r in zip(points.ttft_s, ok, points.status, points.reason)
+            ],
+            "decode tok/s": measured("decode_tokens_per_s", ".1f"),
+            "GB/s": measured("achieved_gb_s", ".2f"),
+            "of ceiling": measured("efficiency_vs_ceiling", ".0%"),
+        }
+    )
+    spark = frames.projections(run).query("hardware == 'spark'")
+    rollout = spark.pivot_table(index="size", columns="basis", values="rollout_s", aggfunc="last", sort=False)
+    rollout = rollout.map(lambda v: f"{v:.1f}")
+    rollout.insert(0, "size class", rollout.index)
+    shape = run.projection_rollout
     lines = [
         f"Measured on {run.machine.cpu} ({run.machine.cores} cores), commit {run.commit.short}, {run.started}.",
         "",
         f"Ceiling: {best.kernel} {best.median_gb_s:.1f} GB/s (median; {best.min_gb_s:.1f}-{best.max_gb_s:.1f}).",
         "",
-        "| engine | batch | context | TTFT s | decode tok/s | GB/s | of ceiling |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in run.sweep:
-        if row.status == "ok":
-            lines.append(
-                f"| {row.engine} | {row.batch} | {row.context} | {row.ttft_s:.2f} | "
-                f"{row.decode_tokens_per_s:.1f} | {row.achieved_gb_s:.2f} | {row.efficiency_vs_ceiling:.0%} |"
-            )
-        else:
-            batch, context = ("" if v is None else v for v in (row.batch, row.context))
-            lines.append(f"| {row.engine} | {batch} | {context} | {row.status}: {row.reason} | | | |")
-    rollout = run.projection_rollout
-    spark = [r for r in run.projections if r.hardware == "spark"]
-    bases = list(dict.fromkeys(r.basis for r in spark))
-    lines += [
+        frames.markdown(sweep, numeric=("batch", "context", "TTFT s", "decode tok/s", "GB/s", "of ceiling")),
         "",
-        f"Predicted rollout seconds of one GRPO step on DGX Spark ({rollout.sequences} sequences x "
-        f"{rollout.completion_tokens} tokens after {rollout.prompt_tokens}-token prompts, "
-        f"{rollout.dtype_bytes:g} bytes per weight and KV element; {rollout.what}):",
+        f"Predicted rollout seconds of one GRPO step on DGX Spark ({shape.sequences} sequences x "
+        f"{shape.completion_tokens} tokens after {shape.prompt_tokens}-token prompts, "
+        f"{shape.dtype_bytes:g} bytes per weight and KV element; {shape.what}):",
         "",
-        "| size class | " + " | ".join(bases) + " |",
-        "|---|" + "---:|" * len(bases),
+        frames.markdown(rollout, numeric=tuple(rollout.columns[1:])),
     ]
-    for shape in dict.fromkeys(r.shape for r in spark):
-        cells = {r.basis: r.rollout_s for r in spark if r.shape == shape}
-        lines.append(f"| {shape} | " + " | ".join(f"{cells[b]:.1f}" for b in bases) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _blank(value: float | None) -> str:
+    return "" if value is None or value != value else f"{value:.0f}"
 
 
 def decode_figure(run: DecodeFile, path: Path) -> None:
@@ -56,17 +70,17 @@ def decode_figure(run: DecodeFile, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    rows = [r for r in run.sweep if r.status == "ok"]
-    for engine, context in dict.fromkeys((r.engine, r.context) for r in rows):
-        line = sorted((r.batch, r.achieved_gb_s) for r in rows if (r.engine, r.context) == (engine, context))
-        axes.plot(*zip(*line), marker="o", label=f"{engine}, context {context}")
+    points = frames.sweep(run).query("status == 'ok'")
+    for (engine, context), line in points.groupby(["engine", "context"], sort=False):
+        line = line.sort_values(["batch", "achieved_gb_s"])
+        axes.plot(line.batch, line.achieved_gb_s, marker="o", label=f"{engine}, context {context}")
     best = run.device_ceiling
     axes.axhline(best.median_gb_s, color="black", label=f"this device's ceiling ({best.kernel}, median)")
     axes.axhspan(best.min_gb_s, best.max_gb_s, color="black", alpha=0.1)
     axes.axhspan(180, 192, color="tab:red", alpha=0.25, label="DGX Spark sustained budget 180-192 GB/s")
     axes.axhline(273, color="tab:red", linestyle="--", label="DGX Spark spec 273 GB/s")
     axes.set(xscale="log", yscale="log", xlabel="batch (sequences decoded together)", ylabel="achieved GB/s")
-    axes.set_xticks(sorted({r.batch for r in rows}))
+    axes.set_xticks(sorted(points.batch.unique()))
     axes.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     axes.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     axes.set_title(f"Decode bandwidth: {run.profile.decode.shape} shape, {run.profile.decode.dtype}")

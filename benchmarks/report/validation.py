@@ -11,6 +11,7 @@ from benchmarks.model.estimate import MODELLED_OPTIMIZERS, Estimate, Workload, e
 from benchmarks.results.schema import Configuration, GrpoFile, Result
 
 TRAINING_PHASES = ("logprob", "forward_backward", "optimizer")
+PHASE_ORDER = ("setup", "rollout", "sleep_wake", "reward", "scoring", "logprob", "forward_backward", "optimizer")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,105 @@
+"""Result records as pandas DataFrames, one row per measured thing: the single shape every table,
+comparison and figure is made from (``tables``, ``compare``, ``figures``), and markdown made by
+pandas itself."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from benchmarks.catalog.profiles import load_hardware
+from benchmarks.report.validation import PHASE_ORDER, Check
+from benchmarks.results.schema import ContextFile, DecodeFile, GrpoFile, Result, RewardsFile
+
+
+def size_class(hardware: str) -> str:
+    """The seed's grouping of a hardware class (an unknown class stands for itself)."""
+    catalog = load_hardware()
+    return catalog[hardware].size_class if hardware in catalog else hardware
+
+
+def configurations(results: list[Result]) -> pd.DataFrame:
+    """One row per GRPO configuration: where it ran, its levers (``lever_<name>`` columns, as the file
+    recorded them), its status, step time and headline peak (device memory on CUDA, host RSS on CPU)."""
+    rows = []
+    for result in results:
+        if not isinstance(result.record, GrpoFile):
+            continue
+        for number, configuration in enumerate(result.record.configurations, 1):
+            summary = configuration.summary
+            rows.append(
+                {
+                    "file": result.path,
+                    "date": result.date,
+                    "hardware": result.hardware,
+                    "size_class": size_class(result.hardware),
+                    "shape": result.shape,
+                    "quick": result.quick,
+                    "number": number,
+                    "name": configuration.name,
+                    "status": configuration.status,
+                    "step_s": summary.step_s_median if summary else None,
+                    "peak_bytes": summary.peak_bytes if summary else None,
+                    "peak_measure": summary.peak_measure if summary else None,
+                    **{f"lever_{k}": v for k, v in configuration.levers.items()},
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def phases(result: Result) -> pd.DataFrame:
+    """Through the last measured step of each configuration that ran: each phase in order, its
+    exclusive seconds and its peak (device memory on CUDA, host RSS on CPU)."""
+    rows = []
+    for number, configuration in enumerate(result.record.configurations, 1):
+        steps = [s for s in configuration.steps if not s.warmup]
+        if configuration.status != "ok" or not steps:
+            continue
+        step = steps[-1]
+        for phase in PHASE_ORDER:
+            if phase in step.phase_s and phase in step.peaks:
+                rows.append(
+                    {"number": number, "phase": phase, "seconds": step.phase_s[phase], "peak_bytes": step.peaks[phase]}
+                )
+    return pd.DataFrame(rows, columns=["number", "phase", "seconds", "peak_bytes"])
+
+
+def sweep(run: DecodeFile) -> pd.DataFrame:
+    """One row per decode point: engine, batch, context, status (and reason), speed and GB/s."""
+    columns = ["engine", "batch", "context", "status", "reason", "ttft_s", "decode_tokens_per_s"]
+    columns += ["achieved_gb_s", "efficiency_vs_ceiling"]
+    return pd.DataFrame([{c: getattr(point, c) for c in columns} for point in run.sweep], columns=columns)
+
+
+def projections(run: DecodeFile) -> pd.DataFrame:
+    """Predicted rollout seconds per size class (``size``), hardware class and bandwidth basis."""
+    rows = [
+        {"hardware": r.hardware, "size": r.shape, "basis": r.basis, "gb_per_s": r.gb_per_s, "rollout_s": r.rollout_s}
+        for r in run.projections
+    ]
+    return pd.DataFrame(rows, columns=["hardware", "size", "basis", "gb_per_s", "rollout_s"])
+
+
+def contenders(run: ContextFile) -> pd.DataFrame:
+    """One row per contender of a context search."""
+    columns = ["name", "stack", "status", "reason", "max_completion_tokens", "first_failing_tokens", "at_ceiling"]
+    columns += ["predicted_max_completion_tokens"]
+    return pd.DataFrame([{c: getattr(entry, c) for c in columns} for entry in run.contenders], columns=columns)
+
+
+def reward_rows(run: RewardsFile) -> pd.DataFrame:
+    """One row per reward benchmark row: which reward, whose code, on which inputs, completions/s."""
+    columns = ["reward", "implementation", "batch", "words", "format", "completions_per_s"]
+    return pd.DataFrame([{c: getattr(row.extra_info, c) for c in columns} for row in run.benchmarks], columns=columns)
+
+
+def checks(found: list[Check]) -> pd.DataFrame:
+    """The analytic model against every measured configuration and phase."""
+    columns = ["file", "configuration", "phase", "predicted_bytes", "measured_bytes", "error"]
+    return pd.DataFrame([{c: getattr(check, c) for c in columns} for check in found], columns=columns)
+
+
+def markdown(frame: pd.DataFrame, numeric: tuple[str, ...] = ()) -> str:
+    """A markdown table by pandas: cells as they stand (already formatted), ``numeric`` columns
+    right-aligned."""
+    align = tuple("right" if column in numeric else "left" for column in frame.columns)
+    return frame.to_markdown(index=False, colalign=align, disable_numparse=True)
