@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 from benchmarks import REPO
@@ -119,8 +120,6 @@ def print_rewards_summary(path: Path) -> None:
 
 def parse_levers(text: str) -> profiles.Levers:
     """``k=v,k=v`` as Levers; values read as TOML (true, 0.04, "x") or else as plain strings."""
-    import tomllib
-
     table = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")

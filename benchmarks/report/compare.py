@@ -206,6 +206,7 @@ def rewards_rows(sides: list[Side]) -> list[str]:
 
 
 def _pyplot():
+    """matplotlib, imported only where a figure is drawn (heavy, and the tables need none)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -37,7 +37,7 @@ def _seed_on_texts(fn: Callable) -> Callable:
 
 
 def _trl(name: str) -> Callable:
-    import trl.rewards
+    import trl.rewards  # TRL's reference rows only: imported when a row runs
 
     return getattr(trl.rewards, name)
 

@@ -13,6 +13,7 @@ from benchmarks.catalog.profiles import Profile
 from benchmarks.results import schema
 from benchmarks.rewardbench.cases import SKIPPED
 from benchmarks.run import machine
+from rewards.sandbox import default_sandbox
 
 REWARD_PACKAGES = (
     "grpo-bench",
@@ -53,8 +54,6 @@ def _key(row: schema.BenchmarkRow) -> tuple:
 
 
 def _sandbox() -> dict[str, Any]:
-    from rewards.sandbox import default_sandbox
-
     sandbox = default_sandbox()
     described: dict[str, Any] = {"backend": repr(sandbox), "unavailable": sandbox.unavailable_reason()}
     if sandbox.bwrap:

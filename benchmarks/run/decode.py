@@ -7,6 +7,9 @@ decode time is the full generation minus it. Every completion is exactly ``new_t
 long (EOS ignored). Achieved GB/s is the bytes those steps must move (``bandwidth.py``:
 every weight once per step, the whole KV cache of every sequence, the new K and V) over the
 decode time.
+
+torch, transformers and vLLM are imported inside the functions that use them: the parent
+imports this module to run the sweep and must not initialise CUDA through them.
 """
 
 from __future__ import annotations

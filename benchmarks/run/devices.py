@@ -33,7 +33,7 @@ UNIFIED = "unified memory: /proc/meminfo (NVML answers NOT_SUPPORTED for this de
 def load_nvml() -> Any | None:
     """pynvml, initialised; None without the library or a driver."""
     try:
-        import pynvml
+        import pynvml  # optional: nvidia-ml-py comes with the worker extra
     except ImportError:  # nvidia-ml-py comes with the worker extra; without it there is no NVML to read
         return None
     try:

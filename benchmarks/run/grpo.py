@@ -11,6 +11,7 @@ everything that finished and says so.
 
 from __future__ import annotations
 
+import ctypes
 import fnmatch
 import json
 import os
@@ -51,7 +52,7 @@ class MemorySampler(threading.Thread):
 
     def __init__(self, pid: int, budget_bytes: int | None, device: devices.DeviceMemory | None = None) -> None:
         super().__init__(daemon=True)
-        import psutil
+        import psutil  # the worker extra's: `nox -s tables` runs this package without it
 
         self.root = psutil.Process(pid)
         self.budget_bytes = budget_bytes
@@ -165,8 +166,6 @@ def _summary(steps: list[schema.Step], peak_measure: str) -> schema.Summary | No
 def _die_with_parent() -> None:
     """In the worker before exec: SIGKILL when the parent ends, so that a harness stopped by a
     timeout or ^C leaves no worker behind (its own session keeps it from the terminal's signals)."""
-    import ctypes
-
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 

@@ -5,6 +5,9 @@ shape becomes ``config.json``, a local word-level tokenizer whose vocabulary cov
 whole ``vocab_size``, and random weights (safetensors, so that vLLM can load the directory
 too). Built directories are cached by content under ``$GRPO_BENCH_CACHE``
 (default ``~/.cache/grpo-bench``).
+
+torch, tokenizers and transformers are imported inside the functions that build a model: the
+shapes alone need none of them.
 """
 
 from __future__ import annotations

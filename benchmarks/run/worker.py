@@ -24,6 +24,10 @@ Phases (exclusive: a phase's time excludes the phases nested in it): ``rollout``
 (generation, weight sync to vLLM included), ``sleep_wake`` (vLLM sleep and wake, CUDA),
 ``reward``, ``logprob`` (old-policy and reference log-probs), ``scoring`` (the rest of
 building a batch: tokenizing, advantages), ``forward_backward``, ``optimizer``.
+
+torch, transformers, TRL, PEFT, bitsandbytes, vLLM and Unsloth are imported inside the functions
+that use them, on purpose: the harness imports this module for its constants and must neither
+pay for them nor initialise CUDA through them, and Unsloth must be imported before the others.
 """
 
 from __future__ import annotations
@@ -32,12 +36,16 @@ import contextlib
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
 import traceback
+import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
+from importlib import metadata
 from typing import Any, TextIO
 
 from benchmarks.run.models import word
@@ -151,10 +159,6 @@ def skip_reason(job: dict, cuda: bool) -> str | None:
 def vllm_server(model_dir: str, levers: dict, server_devices: list[str], log_path: str) -> Iterator[int]:
     """``trl vllm-serve`` on 127.0.0.1 for server mode, on ``server_devices``: started here (so that
     its memory is the worker's children's), waited for on ``/health``, stopped by its process group."""
-    import socket
-    import subprocess
-    import urllib.request
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -193,8 +197,6 @@ STACK_MODULES = ("torch", "transformers", "trl", "peft", "bitsandbytes", "unslot
 
 def stack_versions() -> dict[str, str]:
     """Versions of the stack this interpreter runs (its venv), from the installed distributions."""
-    from importlib import metadata
-
     found = {}
     for name in STACK_MODULES:
         for distribution in (name.replace("_", "-"), f"{name}-cpu"):
