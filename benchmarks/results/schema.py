@@ -1,8 +1,10 @@
-"""The result files: their schema version, the one writer and the one loader.
+"""The result files: their typed records, their schema version, the one writer and the one loader.
 
-Result files are the suite's contract with every other machine and every later version. They
-are written here only (atomically, 0644, without the measuring machine's paths) and read here
-only (validated: a bad or truncated file is an error naming the file and the key).
+Result files are the suite's contract with every other machine and every later version. Every
+harness builds a record (``FILES``: GrpoFile, DecodeFile, ContextFile, RewardsFile, and the records
+inside them) and writes it here only (``write``: atomically, 0644, without the measuring machine's
+paths); every report reads it here only (``read_result``, ``load_results``: validated, a bad or
+truncated file is an error naming the file and the key; an older schema upgraded as it is read).
 """
 
 from __future__ import annotations
