@@ -40,7 +40,7 @@ RESULTS = REPO / "results" / "runs"
 def detect(nvml: object = None) -> tuple[str, str | None, str]:
     """(profile, hardware class or None for the profile's own, what was seen) for this machine: from
     the first visible CUDA device's name and memory (NVML, no CUDA context), else ``cpu``."""
-    gpus = devices.visible(devices.describe(devices.load_nvml() if nvml is None else nvml))
+    gpus = devices.visible_gpus(nvml)
     if not gpus:
         return "cpu", None, "no CUDA device (NVML sees none)"
     first = gpus[0]

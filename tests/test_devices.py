@@ -239,15 +239,8 @@ def test_a_configuration_past_its_time_limit_is_a_timeout_in_its_phase_and_the_n
     assert following.status == "ok"
 
 
-def test_a_run_stopped_early_is_marked_incomplete_and_one_that_ends_is_marked_complete(tmp_path):
-    path = tmp_path / "x-grpo.json"
-    result = schema.GrpoFile(
-        schema_version=schema.SCHEMA_VERSION,
-        kind="grpo",
-        started="2026-12-01T00:00:00+00:00",
-        profile=schema.ProfileRecord(hardware="cpu"),
-        shape=schema.ShapeRecord(name="tiny", param_count=1),
-    )
+def test_a_run_stopped_early_is_marked_incomplete_and_one_that_ends_is_marked_complete(tmp_path, grpo_run):
+    path, result = tmp_path / "x-grpo.json", grpo_run()
     with pytest.raises(KeyboardInterrupt), schema.marked_incomplete(path, result):
         schema.write(path, result)
         raise KeyboardInterrupt

@@ -49,14 +49,9 @@ def test_rewards_files_keep_statistics_without_rounds_and_pytest_benchmark_compa
     assert done.returncode == 0 and "Median" in done.stdout, done.stderr[-2000:]
 
 
-def write_sample(target: Path) -> None:
+def write_sample(target: Path, grpo_run) -> None:
     """A GRPO result whose strings hold paths of the machine: a traceback, a sandbox, an interpreter."""
-    record = schema.GrpoFile(
-        schema_version=schema.SCHEMA_VERSION,
-        kind="grpo",
-        started="2026-12-01T00:00:00+00:00",
-        profile=schema.ProfileRecord(hardware="cpu"),
-        shape=schema.ShapeRecord(name="tiny", param_count=1),
+    record = grpo_run(
         versions={"python": "/root/.pyenv/versions/3.11.7/bin/python3.11"},
         configurations=[
             schema.Configuration(
@@ -72,11 +67,11 @@ def write_sample(target: Path) -> None:
     schema.write(target, record)
 
 
-def test_a_result_file_is_written_0644_with_the_machines_paths_cut_down(tmp_path):
+def test_a_result_file_is_written_0644_with_the_machines_paths_cut_down(tmp_path, grpo_run):
     previous = os.umask(0o077)  # as tight as a user's umask may be: the file is for others to read
     target = tmp_path / "runs" / "x-grpo.json"
     try:
-        write_sample(target)
+        write_sample(target, grpo_run)
     finally:
         os.umask(previous)
     assert target.stat().st_mode & 0o777 == 0o644

@@ -88,10 +88,6 @@ def _comparable(result: Result) -> bool:
     return not isinstance(result.record, GrpoFile) or any(c.status == "ok" for c in result.record.configurations)
 
 
-def _ratio(value: float | None, base: float | None) -> str:
-    return f"{value / base:.2f}x" if value and base else ""
-
-
 def _side_by_side(frames_: list[pd.DataFrame], key: list[str], labels: list[str]) -> pd.DataFrame:
     """The rows every side has, matched on ``key``: one frame, each side's columns suffixed by its label."""
     merged = frames_[0].add_suffix(f" {labels[0]}").rename(columns={f"{k} {labels[0]}": k for k in key})
@@ -136,8 +132,9 @@ def grpo_rows(sides: list[Side]) -> list[str]:
 
 
 def _ratio(value: float | None, base: float | None) -> str:
-    ok = value is not None and base is not None and value == value and base == base and value and base
-    return f"{value / base:.2f}x" if ok else ""
+    """``value / base`` as a ratio cell; empty where either is missing (None or NaN) or zero."""
+    known = value is not None and base is not None and pd.notna(value) and pd.notna(base)
+    return f"{value / base:.2f}x" if known and value and base else ""
 
 
 def _swept(side: Side) -> bool:
@@ -173,13 +170,9 @@ def context_rows(sides: list[Side]) -> list[str]:
     names = list(dict.fromkeys(n for tokens in per_side for n in tokens.index))
     table = pd.DataFrame({"contender": names})
     for (side, _), tokens in zip(runs, per_side):
-        table[f"{side.label} max tokens"] = [_tokens(tokens.get(n)) for n in names]
+        table[f"{side.label} max tokens"] = [frames.count(tokens.get(n), missing="-") for n in names]
     table["ratio"] = [_ratio(per_side[-1].get(n), per_side[0].get(n)) for n in names]
     return ["Max completion tokens per contender:", "", frames.markdown(table), ""]
-
-
-def _tokens(value: float | None) -> str:
-    return "-" if value is None or value != value else f"{value:.0f}"
 
 
 def rewards_rows(sides: list[Side]) -> list[str]:

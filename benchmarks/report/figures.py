@@ -23,8 +23,8 @@ def decode_table(run: DecodeFile) -> str:
     sweep = pd.DataFrame(
         {
             "engine": points.engine,
-            "batch": [_blank(b) for b in points.batch],
-            "context": [_blank(c) for c in points.context],
+            "batch": [frames.count(b) for b in points.batch],
+            "context": [frames.count(c) for c in points.context],
             # a point that did not run says why in the first measured column
             "TTFT s": [
                 f"{t:.2f}" if good else f"{s}: {r}"
@@ -54,10 +54,6 @@ def decode_table(run: DecodeFile) -> str:
         frames.markdown(rollout, numeric=tuple(rollout.columns[1:])),
     ]
     return "\n".join(lines) + "\n"
-
-
-def _blank(value: float | None) -> str:
-    return "" if value is None or value != value else f"{value:.0f}"
 
 
 def decode_figure(run: DecodeFile, path: Path) -> None:

@@ -18,8 +18,9 @@ def size_class(hardware: str) -> str:
 
 
 def configurations(results: list[Result]) -> pd.DataFrame:
-    """One row per GRPO configuration: where it ran, its levers (``lever_<name>`` columns, as the file
-    recorded them), its status, step time and headline peak (device memory on CUDA, host RSS on CPU)."""
+    """One row per GRPO configuration: where it ran, its levers (``levers``, as run; ``lever_<name>``
+    columns, as the file recorded them), its status, step time and headline peak (device memory on
+    CUDA, host RSS on CPU)."""
     rows = []
     for result in results:
         if not isinstance(result.record, GrpoFile):
@@ -36,6 +37,7 @@ def configurations(results: list[Result]) -> pd.DataFrame:
                     "quick": result.quick,
                     "number": number,
                     "name": configuration.name,
+                    "levers": configuration.lever_values,
                     "status": configuration.status,
                     "step_s": summary.step_s_median if summary else None,
                     "peak_bytes": summary.peak_bytes if summary else None,
@@ -96,6 +98,11 @@ def checks(found: list[Check]) -> pd.DataFrame:
     """The analytic model against every measured configuration and phase."""
     columns = ["file", "configuration", "phase", "predicted_bytes", "measured_bytes", "error"]
     return pd.DataFrame([{c: getattr(check, c) for c in columns} for check in found], columns=columns)
+
+
+def count(value: float | None, missing: str = "") -> str:
+    """A whole number as a table cell (a frame holds it as a float where some rows lack it)."""
+    return missing if value is None or pd.isna(value) else f"{value:.0f}"
 
 
 def markdown(frame: pd.DataFrame, numeric: tuple[str, ...] = ()) -> str:

@@ -127,9 +127,7 @@ def measured_cells(results: list[Result]) -> dict[tuple[str, str], str]:
     if configurations.empty:
         return {}
     ran = configurations[configurations.status.isin(["ok", "oom"])].copy()
-    levers = ran.filter(like="lever_").rename(columns=lambda c: c.removeprefix("lever_"))
-    ran["lightness"] = [_lightness(Levers(**row.dropna().to_dict())) for _, row in levers.iterrows()]
-    ran["label"] = [_lever_label(Levers(**row.dropna().to_dict())) for _, row in levers.iterrows()]
+    ran["lightness"], ran["label"] = ran.levers.map(_lightness), ran.levers.map(_lever_label)
     cells: dict[tuple[str, str], str] = {}
     for (shape, size, file, date), group in ran.sort_values("date", kind="stable").groupby(
         ["shape", "size_class", "file", "date"], sort=False
@@ -273,8 +271,8 @@ def context_table(results: list[Result]) -> str:
                     entry.name,
                     "measured",
                     best_text,
-                    _count(entry.first_failing_tokens),
-                    _count(entry.predicted_max_completion_tokens),
+                    frames.count(entry.first_failing_tokens or None),
+                    frames.count(entry.predicted_max_completion_tokens or None),
                     _ratio(row, "trl-1.14.2"),
                     _ratio(row, "trl-1.16"),
                 ]
@@ -293,10 +291,6 @@ def context_table(results: list[Result]) -> str:
             "",
         ]
     return "\n".join(lines) + "\n"
-
-
-def _count(value: float | None) -> str:
-    return "" if value is None or pd.isna(value) or not value else f"{value:.0f}"
 
 
 def _ratio(row: dict[str, float | None], reference: str) -> str:

@@ -27,14 +27,13 @@ from typing import Any
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.bandwidth import decode_step_bytes, projections
+from benchmarks.model.estimate import DTYPE_BYTES
 from benchmarks.results import schema
 from benchmarks.run import devices, machine
 from benchmarks.run.grpo import VLLM_CPU_ENV
 from benchmarks.run.models import materialise
 from benchmarks.run.probe import ceiling as ceiling_of
 from benchmarks.run.probe import probe
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def step_bytes(shape: Shape, dtype: str, batch: int, context: int, new_tokens: int) -> float:
@@ -214,7 +213,7 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     """The decode part: the device's ceiling, the decode sweep, then the rollout projections;
     returns the result file."""
     settings = profile.decode
-    device = "cuda" if devices.visible(devices.describe(devices.load_nvml())) else "cpu"  # no CUDA context here
+    device = "cuda" if devices.visible_gpus() else "cpu"  # NVML: no CUDA context here
     print(
         f"probing {device} memory bandwidth ({settings.probe_array_mib} MiB arrays, {settings.probe_repeats} repeats)"
     )

@@ -93,6 +93,11 @@ def visible(gpus: list[schema.Gpu], environ: dict[str, str] | None = None) -> li
     return chosen
 
 
+def visible_gpus(nvml: Any = None) -> list[schema.Gpu]:
+    """The GPUs CUDA will see here (``nvml``, default pynvml); none without NVML or a driver."""
+    return visible(describe(load_nvml() if nvml is None else nvml))
+
+
 # (pattern in the device name, profile, hardware class of profiles/hardware.toml); first match wins.
 DEVICE_CLASSES = (
     ("H200", "h200", "h200"),

@@ -2,7 +2,7 @@
 
 The parent samples the memory of the worker and its children (RSS, every 20 ms and at every
 phase boundary; on CUDA also the device memory its processes hold, vLLM's included: see
-``benchmarks.devices``) and attributes each sample to the step and phase the worker last
+``benchmarks.run.devices``) and attributes each sample to the step and phase the worker last
 reported. A worker tree above the profile's memory budget is stopped and recorded as ``oom``
 in its phase, one past its time limit as ``timeout``. The result file is rewritten atomically
 after every configuration and says whether the run is complete, so an interrupted run keeps
@@ -195,7 +195,7 @@ def run_configuration(
     in server mode the second goes to ``trl vllm-serve``, and with fewer than two the
     configuration is skipped. Device memory is read on exactly the GPUs the run uses."""
     nvml = devices.load_nvml() if nvml is None else nvml
-    gpus = devices.visible(devices.describe(nvml))
+    gpus = devices.visible_gpus(nvml)
     env = {**os.environ, **VLLM_CPU_ENV, "PYTHONUNBUFFERED": "1"}
     used = gpus[:1]
     if gpus and server_mode(job):
