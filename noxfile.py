@@ -20,7 +20,7 @@ BREAKS_TRANSFORMERS = ("torchvision", "torchaudio", "torchcodec")
 
 def _install(session: nox.Session, extras: str, *, torch: bool = False, also: tuple[str, ...] = ()) -> None:
     """Install the project with its extras (and ``also``, a stack's own pins); torch first,
-    pinned, when the stack pulls it."""
+    pinned, when the stack pulls it; DeepSpeed before the rest where the ``distributed`` extra is asked for."""
     pins: tuple[str, ...] = ()
     if torch:
         # Before anything that depends on torch, so that pip keeps this build (the CPU one
@@ -31,10 +31,25 @@ def _install(session: nox.Session, extras: str, *, torch: bool = False, also: tu
         constraints = Path(session.create_tmp()) / "torch-constraints.txt"
         constraints.write_text("\n".join(torch_pins) + "\n")
         pins = ("-c", str(constraints))
+    if "distributed" in extras.split(","):
+        _install_deepspeed(session, pins)
     session.install("-e", f".[{extras}]", *also, *pins)
     if torch:
         # run_install: part of installing, so that `--install-only` does it too
         session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *BREAKS_TRANSFORMERS, silent=True)
+
+
+def _install_deepspeed(session: nox.Session, pins: tuple[str, ...]) -> None:
+    """DeepSpeed's source distribution built against the pinned torch (no build isolation, which would
+    fetch another torch) with no ops compiled ahead (DS_BUILD_OPS=0: each is built on first use); then
+    the one op a CPU run needs, its shared-memory all-reduce, built here once (~25 s to 4 min on 2
+    cores, cached under ~/.cache/torch_extensions), so that no measured run pays for it."""
+    distributed = PYPROJECT["project"]["optional-dependencies"]["distributed"]
+    deepspeed = [r for r in distributed if r.startswith("deepspeed")]
+    session.install("setuptools", "wheel", "packaging", *pins)
+    session.install("--no-build-isolation", *deepspeed, *pins, env={"DS_BUILD_OPS": "0"})
+    # DeepSpeed's own builder (deepspeed.comm.torch.build_shm_op): None where the platform has no such op
+    session.run_install("python", "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()")
 
 
 def _engine_extra() -> str:
@@ -45,14 +60,14 @@ def _engine_extra() -> str:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit, sandbox and adversarial tests (CPU only)."""
-    _install(session, "test,grpo", torch=True)
+    _install(session, "test,grpo,distributed", torch=True)
     session.run("python", "-m", "pytest", *(session.posargs or ["-q"]))
 
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Run a benchmark profile and write its result file (default profile: this hardware's)."""
-    _install(session, f"bench,grpo,{_engine_extra()}", torch=True)
+    _install(session, f"bench,grpo,distributed,{_engine_extra()}", torch=True)
     session.run("python", "-m", "benchmarks", "bench", *session.posargs)
 
 

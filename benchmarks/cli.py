@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             for made in figures.write_decode_report(path):
                 print(f"made {shown(made)}")
         else:
-            path = grpo.run_grpo(profile, args.quick, args.out, configuration_filter)
+            path = grpo.run_grpo(profile, args.quick, args.out, configuration_filter, part)
             grpo.print_summary(path)
         print(f"\nwrote {shown(path)}")
     print(f"profile {profile.name} took {time.monotonic() - started:.0f} s")

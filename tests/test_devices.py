@@ -123,11 +123,14 @@ def test_unified_memory_answering_not_supported_falls_back_to_meminfo_and_says_s
 
 
 STAND_IN = """
-import json, os, sys, time
-job = json.loads(sys.stdin.read())
-channel = os.fdopen(job["channel_fd"], "w")
+import json, os, socket, sys, time
+job = json.loads(open(sys.argv[-1]).read())
+connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+connection.connect(job["channel"])
+channel = connection.makefile("w")
 def say(**event):
     channel.write(json.dumps(event) + "\\n"); channel.flush()
+say(event="hello", pid=os.getpid())
 with open(job["seen"], "w") as seen:
     json.dump({"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                "server_devices": job.get("server_devices")}, seen)
@@ -156,7 +159,7 @@ def stand_in(tmp_path):
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     interpreter = tmp_path / "interpreter"
-    interpreter.write_text(f"#!/bin/bash\nexec {sys.executable} {script}\n")
+    interpreter.write_text(f'#!/bin/bash\nexec {sys.executable} {script} "$@"\n')
     interpreter.chmod(0o755)
     return str(interpreter)
 

@@ -123,17 +123,19 @@ def test_a_worker_over_its_memory_budget_is_recorded_as_oom_in_its_phase(model_d
 def test_a_worker_does_not_outlive_its_harness(tmp_path):
     marker = f"grpo-bench-orphan-{tmp_path.name}"
     interpreter = tmp_path / "interpreter"
-    interpreter.write_text(f"#!/bin/bash\nexec -a {marker} sleep 60\n")
+    interpreter.write_text(f"#!/bin/bash\ntouch {tmp_path / 'started'}\nexec -a {marker} sleep 60\n")
     interpreter.chmod(0o755)
     harness = (
         "import os, threading, pathlib\n"
-        "from benchmarks.grpo import run_configuration\n"
+        "from benchmarks.run.grpo import run_configuration\n"
         "threading.Timer(1.0, lambda: os._exit(0)).start()\n"
-        f"run_configuration({{}}, None, pathlib.Path({str(tmp_path / 'w.log')!r}), python={str(interpreter)!r})\n"
+        f"run_configuration({{'levers': {{}}}}, None, pathlib.Path({str(tmp_path / 'w.log')!r}), "
+        f"python={str(interpreter)!r})\n"
     )
     subprocess.run([sys.executable, "-c", harness], timeout=30, check=False)
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     for pid in left:
         os.kill(int(pid), signal.SIGKILL)
+    assert (tmp_path / "started").exists(), "the worker never started"
     assert not left, "the worker kept running after its harness ended"

@@ -150,7 +150,46 @@ def test_lever_names_are_trl_grpo_config_fields():
     trl = pytest.importorskip("trl")
     config_fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     loading = {"model", "lora_r"}  # how the policy is loaded, not a GRPOConfig field
-    assert {f.name for f in dataclasses.fields(profiles.Levers)} - loading <= config_fields
+    launching = {
+        "num_processes",
+        "num_machines",
+        "distributed_type",
+        "offload_optimizer_device",
+        "offload_param_device",
+    }
+    server = {"vllm_server_tensor_parallel_size", "vllm_server_data_parallel_size"}  # `trl vllm-serve`'s, prefixed
+    assert {f.name for f in dataclasses.fields(profiles.Levers)} - loading - launching - server <= config_fields
+    # accelerate's own names: its config file's and its DeepSpeed plugin's fields
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.utils import DeepSpeedPlugin
+    from trl.scripts.vllm_serve import ScriptArguments
+
+    accelerate_fields = {f.name for f in dataclasses.fields(ClusterConfig) + dataclasses.fields(DeepSpeedPlugin)}
+    assert launching <= accelerate_fields
+    assert {name.removeprefix("vllm_server_") for name in server} <= {
+        f.name for f in dataclasses.fields(ScriptArguments)
+    }
+
+
+@pytest.mark.parametrize(
+    "levers, message",
+    [
+        ({"num_processes": 2}, r"2 ranks with distributed_type 'no': name how they share the model"),
+        ({"num_processes": 2, "distributed_type": "zero4"}, r"distributed_type: 'zero4' is not one of no, ddp, zero1"),
+        ({"distributed_type": "ddp", "offload_optimizer_device": "cpu"}, r"offload_optimizer_device 'cpu' is Deep"),
+        ({"distributed_type": "zero2", "offload_param_device": "cpu"}, r"offload_param_device 'cpu' needs ZeRO-3"),
+        ({"num_processes": 3, "distributed_type": "zero3", "use_vllm": True, "vllm_tensor_parallel_size": 2},
+         r"vllm_tensor_parallel_size 2 does not divide the world size 3"),
+        ({"vllm_tensor_parallel_size": 2}, r"vllm_tensor_parallel_size > 1 splits the colocated engine"),
+        ({"use_vllm": True, "vllm_server_data_parallel_size": 2}, r"they need use_vllm with vllm_mode 'server'"),
+        ({"num_machines": 0}, r"num_machines: 0 is not positive"),
+    ],
+)  # fmt: skip
+def test_an_impossible_combination_of_levers_is_an_error_naming_it(levers, message):
+    with pytest.raises(profiles.ProfileError, match=message):
+        profiles.check_levers(profiles.Levers(**levers), "mine.toml", "grpo.extra[0]")
+    fine = profiles.Levers(num_processes=4, num_machines=2, distributed_type="zero3", offload_param_device="cpu")
+    profiles.check_levers(fine, "mine.toml", "grpo.extra[0]")
 
 
 def test_every_hardware_class_says_where_its_figures_come_from():

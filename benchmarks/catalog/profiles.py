@@ -76,6 +76,23 @@ class Levers:
     learning_rate: float = 1e-6
     model: str = "full"  # full fine-tuning, lora (bf16/fp32 base + adapters), qlora (4-bit base, CUDA)
     lora_r: int = 16
+    # Many ranks, named as accelerate names them: ranks per machine and machines, launched with
+    # `accelerate launch` from a config generated from these levers (TRL's shipped configs first).
+    num_processes: int = 1
+    num_machines: int = 1
+    # no (one process), ddp, zero1/zero2/zero3 (DeepSpeed: optimizer states, + gradients, + parameters
+    # partitioned over the ranks), fsdp2 (PyTorch's fully_shard)
+    distributed_type: str = "no"
+    offload_optimizer_device: str = "none"  # cpu: ZeRO keeps optimizer states (and the fp32 master) in host memory
+    offload_param_device: str = "none"  # cpu: ZeRO-3 keeps parameter partitions in host memory
+    vllm_tensor_parallel_size: int = 1  # colocate: the engine split over this many of the trainer's ranks
+    # Server mode: `trl vllm-serve --tensor_parallel_size T --data_parallel_size D` on T x D GPUs of its own
+    vllm_server_tensor_parallel_size: int = 1
+    vllm_server_data_parallel_size: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.num_processes * self.num_machines
 
 
 @dataclass(frozen=True)
@@ -88,7 +105,7 @@ class GrpoBench:
     memory_budget_gib: float  # CPU: a worker tree above this is stopped and recorded as oom
     configuration_timeout_s: float  # a worker still running after this is stopped and recorded as timeout
     levers: Levers  # the base configuration
-    matrix: dict[str, list]  # lever -> values: every combination runs
+    matrix: dict[str, list] = dataclasses.field(default_factory=dict)  # lever -> values: every combination runs
     extra: tuple[dict, ...] = ()  # single configurations beside the matrix: levers over the base
 
 
@@ -141,6 +158,7 @@ class Profile:
     rewards: RewardsBench
     decode: DecodeBench
     grpo: GrpoBench | None = None
+    distributed: GrpoBench | None = None  # GRPO steps on many ranks: the same bench, its levers spread over ranks
     context: ContextBench | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -148,10 +166,13 @@ class Profile:
 
 
 FORMATS = ("str", "conversational")
-PARTS = ("rewards", "decode", "grpo")
+PARTS = ("rewards", "decode", "grpo", "distributed")
+GRPO_PARTS = ("grpo", "distributed")  # parts that run GRPO configurations
 DTYPES = ("float32", "bfloat16", "float16")
 MODELS = ("full", "lora", "qlora")
 VLLM_MODES = ("colocate", "server")
+DISTRIBUTED_TYPES = ("no", "ddp", "zero1", "zero2", "zero3", "fsdp2")
+OFFLOAD_DEVICES = ("none", "cpu")
 # TRL passes `optim` to transformers: the values of transformers.training_args.OptimizerNames
 # (transformers 5.17; tests/test_profiles.py checks this list against the installed enum).
 OPTIMIZERS = (
@@ -177,6 +198,14 @@ LEVER_VALUES: dict[str, tuple[Any, str]] = {
     "max_completion_length": (lambda v: v > 0, "positive"),
     "learning_rate": (lambda v: v > 0, "positive"),
     "lora_r": (lambda v: v > 0, "positive"),
+    "num_processes": (lambda v: v > 0, "positive"),
+    "num_machines": (lambda v: v > 0, "positive"),
+    "distributed_type": (DISTRIBUTED_TYPES, "one of " + ", ".join(DISTRIBUTED_TYPES)),
+    "offload_optimizer_device": (OFFLOAD_DEVICES, "one of none, cpu"),
+    "offload_param_device": (OFFLOAD_DEVICES, "one of none, cpu"),
+    "vllm_tensor_parallel_size": (lambda v: v > 0, "positive"),
+    "vllm_server_tensor_parallel_size": (lambda v: v > 0, "positive"),
+    "vllm_server_data_parallel_size": (lambda v: v > 0, "positive"),
 }
 
 
@@ -193,14 +222,54 @@ def check_lever(name: str, value: Any, file: str, key: str) -> None:
 
 
 def check_levers(levers: Levers, file: str, key: str) -> None:
-    """Every lever of a whole configuration, and what TRL requires of them together."""
+    """Every lever of a whole configuration, and what TRL, accelerate and DeepSpeed require of them together."""
     for name, value in dataclasses.asdict(levers).items():
         check_lever(name, value, file, f"{key}.{name}")
+    problem = combination_problem(levers)
+    if problem:
+        raise ProfileError(f"{file}: {key}: {problem}")
+
+
+def combination_problem(levers: Levers) -> str | None:
+    """Why these levers cannot run together, or None."""
+    world, kind = levers.world_size, levers.distributed_type
     if levers.per_device_train_batch_size % levers.num_generations:
-        raise ProfileError(
-            f"{file}: {key}: per_device_train_batch_size {levers.per_device_train_batch_size} is not a multiple of "
+        return (
+            f"per_device_train_batch_size {levers.per_device_train_batch_size} is not a multiple of "
             f"num_generations {levers.num_generations} (TRL's generation batch must hold whole groups)"
         )
+    if kind == "no" and world > 1:
+        return (
+            f"num_processes x num_machines = {world} ranks with distributed_type 'no': "
+            "name how they share the model (ddp, zero1, zero2, zero3, fsdp2)"
+        )
+    if levers.offload_optimizer_device != "none" and kind not in ("zero1", "zero2", "zero3"):
+        return (
+            f"offload_optimizer_device {levers.offload_optimizer_device!r} is DeepSpeed ZeRO's; "
+            f"distributed_type is {kind!r}"
+        )
+    if levers.offload_param_device != "none" and kind != "zero3":
+        return (
+            f"offload_param_device {levers.offload_param_device!r} needs ZeRO-3 (only it partitions parameters); "
+            f"distributed_type is {kind!r}"
+        )
+    if levers.vllm_tensor_parallel_size > 1:
+        if not (levers.use_vllm and levers.vllm_mode == "colocate"):
+            return (
+                "vllm_tensor_parallel_size > 1 splits the colocated engine: it needs use_vllm with vllm_mode 'colocate'"
+            )
+        if world % levers.vllm_tensor_parallel_size:
+            return (
+                f"vllm_tensor_parallel_size {levers.vllm_tensor_parallel_size} does not divide the world size {world} "
+                "(TRL builds its tensor-parallel groups from the trainer's ranks)"
+            )
+    server_gpus = levers.vllm_server_tensor_parallel_size * levers.vllm_server_data_parallel_size
+    if server_gpus > 1 and not (levers.use_vllm and levers.vllm_mode == "server"):
+        return (
+            "vllm_server_tensor_parallel_size / vllm_server_data_parallel_size size `trl vllm-serve`: "
+            "they need use_vllm with vllm_mode 'server'"
+        )
+    return None
 
 
 def _merge(base: dict, overlay: dict) -> dict:
@@ -302,8 +371,11 @@ def _check(profile: Profile, file: str) -> None:
     """Values a type alone does not rule out, and names that must exist in the catalogs."""
     if profile.hardware not in load_hardware():
         raise ProfileError(f"{file}: hardware: {profile.hardware!r} is not in profiles/hardware.toml")
-    if profile.grpo is not None:
-        _check_grpo(profile.grpo, file)
+    for part in GRPO_PARTS:
+        if getattr(profile, part) is not None:
+            _check_grpo(getattr(profile, part), file, part)
+        if part in profile.parts and getattr(profile, part) is None:
+            raise ProfileError(f"{file}: parts lists {part} but there is no [{part}] table")
     if profile.decode.shape not in load_shapes():
         raise ProfileError(f"{file}: decode.shape: {profile.decode.shape!r} is not in profiles/shapes.toml")
     for i, engine in enumerate(profile.decode.engines):
@@ -314,8 +386,6 @@ def _check(profile: Profile, file: str) -> None:
             raise ProfileError(f"{file}: decode.projection_shapes[{i}]: {name!r} is not in profiles/shapes.toml")
     if profile.context is not None:
         _check_context(profile.context, file)
-    if "grpo" in profile.parts and profile.grpo is None:
-        raise ProfileError(f"{file}: parts lists grpo but there is no [grpo] table")
     for i, fmt in enumerate(profile.rewards.formats):
         if fmt not in FORMATS:
             raise ProfileError(f"{file}: rewards.formats[{i}]: {fmt!r} is not one of {FORMATS}")
@@ -341,22 +411,22 @@ def _check_shape_and_dtype(section: str, shape: str, dtype: str, file: str) -> N
         raise ProfileError(f"{file}: {section}.dtype: {dtype!r} is not one of {DTYPES}")
 
 
-def _check_grpo(grpo: GrpoBench, file: str) -> None:
-    _check_shape_and_dtype("grpo", grpo.shape, grpo.dtype, file)
-    _positive(grpo, ("measured_steps", "prompt_words", "memory_budget_gib", "configuration_timeout_s"), file, "grpo")
+def _check_grpo(grpo: GrpoBench, file: str, part: str) -> None:
+    _check_shape_and_dtype(part, grpo.shape, grpo.dtype, file)
+    _positive(grpo, ("measured_steps", "prompt_words", "memory_budget_gib", "configuration_timeout_s"), file, part)
     if grpo.warmup_steps < 0:
-        raise ProfileError(f"{file}: grpo.warmup_steps: must be at least 0, got {grpo.warmup_steps}")
+        raise ProfileError(f"{file}: {part}.warmup_steps: must be at least 0, got {grpo.warmup_steps}")
     for name, value in dataclasses.asdict(grpo.levers).items():
-        check_lever(name, value, file, f"grpo.levers.{name}")
+        check_lever(name, value, file, f"{part}.levers.{name}")
     for lever, values in grpo.matrix.items():
         for i, value in enumerate(values):
-            _build(Levers, {lever: value}, file, f"grpo.matrix[{i}].", partial=True)
-            check_lever(lever, value, file, f"grpo.matrix.{lever}[{i}]")
+            _build(Levers, {lever: value}, file, f"{part}.matrix[{i}].", partial=True)
+            check_lever(lever, value, file, f"{part}.matrix.{lever}[{i}]")
     for i, extra in enumerate(grpo.extra):
         for lever, value in extra.items():
-            check_lever(lever, value, file, f"grpo.extra[{i}].{lever}")
+            check_lever(lever, value, file, f"{part}.extra[{i}].{lever}")
     for name, levers in configurations(grpo):
-        check_levers(levers, file, f"grpo configuration {name!r}")
+        check_levers(levers, file, f"{part} configuration {name!r}")
 
 
 def _check_context(context: ContextBench, file: str) -> None:

@@ -282,3 +282,47 @@ def estimate(
             "rollout", "sampling_logits", work.completions * shape.vocab_size * 4, "one position per sequence, fp32"
         )
     return est
+
+
+# The ZeRO stage each distributed type runs (DDP: none; FSDP2 shards like stage 3).
+ZERO_STAGE = {"no": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp2": 3}
+
+
+@dataclass(frozen=True)
+class RankModelStates:
+    """Predicted bytes of model state on one rank after an optimizer step (``schema.ModelStates``'s terms)."""
+
+    parameters: int
+    master: int
+    optimizer: int
+    gradients: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.master + self.optimizer + self.gradients
+
+
+def rank_model_states(shape: Shape, dtype: str, levers: Levers) -> RankModelStates:
+    """Model states per rank over ``levers.world_size`` ranks, as the ZeRO paper partitions them
+    (Rajbhandari et al. 2020: ZeRO-1 optimizer states, ZeRO-2 + gradients, ZeRO-3 + parameters) and
+    as DeepSpeed allocates them: an fp32 master partition of the trainable parameters beside them, even
+    for fp32 parameters (``clone().float()`` in stage_1_and_2.py and stage3.py), AdamW's two states in
+    fp32 on it. Without DeepSpeed the optimizer keeps its states in the parameters' dtype, no master."""
+    b = DTYPE_BYTES[dtype]
+    params = shape.param_count()
+    peft = levers.model in ("lora", "qlora")
+    trainable = lora_params(shape, levers.lora_r) if peft else params
+    trainable_bytes = 4 if peft else b
+    world, stage = levers.world_size, ZERO_STAGE[levers.distributed_type]
+    deepspeed = levers.distributed_type.startswith("zero")
+    weights = qlora_weight_bytes(shape, b) if levers.model == "qlora" else params * b
+    parameters = weights + (trainable * trainable_bytes if peft else 0)
+    state_bytes = 1 if levers.optim.endswith("8bit") else (4 if deepspeed else trainable_bytes)
+    optimizer = 2 * trainable * state_bytes
+    gradients = trainable * trainable_bytes
+    return RankModelStates(
+        parameters=int(parameters / world if stage == 3 else parameters),
+        master=int(trainable * 4 / world) if deepspeed else 0,
+        optimizer=int(optimizer / world if stage >= 1 else optimizer),
+        gradients=int(gradients / world if stage >= 2 else gradients),
+    )

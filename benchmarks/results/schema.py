@@ -138,6 +138,7 @@ class ProfileRecord:
     hardware: str
     name: str = ""
     grpo: GrpoSettings | None = None
+    distributed: GrpoSettings | None = None
     decode: DecodeSettings | None = None
 
 
@@ -231,6 +232,7 @@ class Step:
     grad_bytes: int = 0
     trainable_params: int = 0
     reference_model_bytes: int = 0
+    model_states: ModelStates | None = None
     cuda_peak_bytes: dict[str, CudaPeaks] = field(default_factory=dict)
     peak_rss_bytes: dict[str, int] = field(default_factory=dict)
     peak_device_bytes: dict[str, int] | None = None
@@ -243,6 +245,19 @@ class Step:
 
 
 HOST_RSS = "host RSS of the worker and its children"
+
+
+@dataclass(kw_only=True)
+class ModelStates:
+    """Bytes of model state one rank holds after an optimizer step, read from its tensors: its own
+    parameter storage (a ZeRO-3 or FSDP2 shard where they partition), DeepSpeed's fp32 master
+    partition, the optimizer's state tensors, and the gradient storage still held."""
+
+    parameters: int
+    master: int
+    optimizer: int
+    gradients: int
+    total: int
 
 
 @dataclass(kw_only=True)
@@ -266,6 +281,7 @@ class Summary:
     grad_bytes: int
     trainable_params: int
     reference_model_bytes: int
+    model_states: ModelStates | None = None
 
 
 @dataclass(kw_only=True)
@@ -277,6 +293,35 @@ class Harness:
     samples: int
     overhead_fraction: float
     gpus: list[int] = field(default_factory=list)
+    launcher_peak_rss_bytes: int = 0  # accelerate's launcher and torch's agent: memory that is no rank's
+
+
+@dataclass(kw_only=True)
+class Distribution:
+    """How the ranks really ran, as every rank reported it (never the levers' word): world size,
+    machines, accelerate's distributed type, the ZeRO stage DeepSpeed ran, the share of the model's
+    parameters the rank holding most held, and how they were launched."""
+
+    world_size: int | None  # None: no rank got as far as saying
+    num_machines: int
+    distributed_type: str  # accelerate's DistributedType: NO, MULTI_CPU, MULTI_GPU, DEEPSPEED, FSDP
+    backend: str | None  # torch.distributed's: gloo, nccl
+    zero_stage: int | None = None
+    fsdp_version: int | None = None
+    held_parameter_fraction: float | None  # of the model's parameter elements, on the rank holding most
+    launcher: str  # "python" (one process) or "accelerate launch"
+    config: dict[str, Any] | None = None  # the accelerate config it was launched with, DeepSpeed's inside
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Rank:
+    """One rank's own figures: its steps' summary (its memory: host RSS of its process and children
+    on CPU, NVML's device memory of them on CUDA) and its model states."""
+
+    rank: int
+    machine_rank: int = 0
+    summary: Summary | None = None
 
 
 @dataclass(kw_only=True)
@@ -297,6 +342,10 @@ class WorkerRecord:
     setup_peak_rss_bytes: int = 0
     unfinished_peak_rss_bytes: dict[str, int] | None = None
     unfinished_peak_device_bytes: dict[str, int] | None = None
+    # Many ranks: how they ran and each one's figures; ``steps`` and ``summary`` are then the maximum
+    # over ranks per step and phase (completions summed), the configuration's figure.
+    distribution: Distribution | None = None
+    ranks: list[Rank] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -585,7 +634,14 @@ def attach_rewards_block(output_json: dict, block: RewardsBlock) -> None:
     output_json["grpo_bench"] = encode(block)
 
 
-FILES: dict[str, type] = {"grpo": GrpoFile, "decode": DecodeFile, "context": ContextFile, "rewards": RewardsFile}
+# A ``distributed`` run is a GRPO run whose configurations spread over ranks: the same records.
+FILES: dict[str, type] = {
+    "grpo": GrpoFile,
+    "distributed": GrpoFile,
+    "decode": DecodeFile,
+    "context": ContextFile,
+    "rewards": RewardsFile,
+}
 
 
 def decode(cls: type, value: Any, where: str) -> Any:
@@ -675,15 +731,17 @@ def is_complete(data: dict, kind: str) -> bool:
     header = data.get("grpo_bench", data)
     if "complete" in header:
         return bool(header["complete"])
-    last_field = {"grpo": "targets", "context": "verdict", "decode": "projections"}.get(kind)
+    last_field = {"grpo": "targets", "context": "verdict", "decode": "projections"}.get(kind)  # before schema 2
     return last_field is None or last_field in data
 
 
 def is_whole(record: Any) -> bool:
     """Whether a GRPO run measured every configuration its profile defines (not an --only subset)."""
-    if not isinstance(record, GrpoFile) or record.profile.grpo is None:
+    if not isinstance(record, GrpoFile):
         return True
-    grpo = record.profile.grpo
+    grpo = getattr(record.profile, record.kind)
+    if grpo is None:
+        return True
     defined = configurations(SimpleNamespace(levers=Levers(**grpo.levers), matrix=grpo.matrix, extra=grpo.extra))
     return len(record.configurations) >= len(defined)
 

@@ -126,18 +126,28 @@ def classify(name: str, memory_gib: float) -> tuple[str, str]:
 
 @dataclass
 class Split:
-    """Server mode's GPUs: the trainer's and ``trl vllm-serve``'s, as CUDA_VISIBLE_DEVICES values."""
+    """The GPUs of one machine's launch: the trainer's ranks' and ``trl vllm-serve``'s, as
+    CUDA_VISIBLE_DEVICES values."""
 
     trainer: list[str]
     server: list[str]
 
 
-def split_for_server(gpus: list[schema.Gpu]) -> Split | None:
-    """The first visible GPU for the trainer, the second for the server (TRL's weight sync is an
-    NCCL group: two ranks on one device fail with 'Duplicate GPU detected'); None on fewer than two."""
-    if len(gpus) < 2:
-        return None
-    return Split(trainer=[gpus[0].uuid], server=[gpus[1].uuid])
+def split(gpus: list[schema.Gpu], trainer: int, server: int) -> Split | str:
+    """The first ``trainer`` visible GPUs for the ranks (one each), the next ``server`` for the vLLM
+    server (TRL's weight sync is an NCCL group: two ranks on one device fail with 'Duplicate GPU
+    detected'); the reason where there are too few."""
+    if trainer + server <= len(gpus):
+        return Split(
+            trainer=[g.uuid for g in gpus[:trainer]], server=[g.uuid for g in gpus[trainer : trainer + server]]
+        )
+    if server:
+        return (
+            f"vLLM server mode needs {server} GPU(s) of its own for `trl vllm-serve` beside the trainer's {trainer} "
+            "(TRL's weight sync is an NCCL group: two ranks on one device fail with 'Duplicate GPU detected'); "
+            f"{len(gpus)} visible here"
+        )
+    return f"{trainer} ranks need a GPU each; {len(gpus)} visible here"
 
 
 class DeviceMemory:

@@ -13,25 +13,29 @@ from __future__ import annotations
 
 import ctypes
 import fnmatch
+import functools
 import json
 import os
+import selectors
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks import REPO
 from benchmarks.catalog.profiles import Levers, Profile, configurations, load_shapes
-from benchmarks.model.estimate import GIB
+from benchmarks.catalog.shapes import Shape
+from benchmarks.model.estimate import GIB, rank_model_states
 from benchmarks.results import schema
-from benchmarks.run import devices, machine
+from benchmarks.run import cluster, devices, launch, machine
 from benchmarks.run.models import materialise
 from benchmarks.run.worker import ENGINE_CANNOT_START
 
@@ -46,29 +50,53 @@ VLLM_CPU_ENV = {
 
 
 class MemorySampler(threading.Thread):
-    """Peak memory of a process tree per (step, phase), read every 20 ms and at every phase
-    boundary: host RSS, and on CUDA the device memory its processes hold (``devices.DeviceMemory``);
-    stops the tree when its RSS passes ``budget_bytes``."""
+    """Peak memory per rank and (step, phase), read every 20 ms and at every phase boundary: the host
+    RSS of each rank's process and its children, and on CUDA the device memory they hold
+    (``devices.DeviceMemory``); what belongs to no rank (the launcher) is rank None. Stops the whole
+    tree when its RSS passes ``budget_bytes``."""
 
     def __init__(self, pid: int, budget_bytes: int | None, device: devices.DeviceMemory | None = None) -> None:
         super().__init__(daemon=True)
         import psutil  # the worker extra's: `nox -s tables` runs this package without it
 
+        self.psutil = psutil
         self.root = psutil.Process(pid)
         self.budget_bytes = budget_bytes
-        self.where: tuple[int | None, str] = (None, "setup")
-        self.peaks: dict[tuple[int | None, str], int] = {}
+        self.ranks: dict[int, Any] = {}  # rank -> its process, from its hello
+        self.where: dict[int | None, tuple[int | None, str]] = {None: (None, "setup")}
+        self.peaks: dict[tuple[int | None, int | None, str], int] = {}  # (rank, step, phase) -> host RSS
         self.over_budget: tuple[int | None, str] | None = None
         self.samples = 0
         self.cpu_s = 0.0
-        self.members = [self.root]
+        self.members: dict[int | None, list] = {None: [self.root]}  # rank -> its processes
         self.device = device
-        self.device_process_peaks: dict[tuple[int | None, str], int] = {}  # NVML usedGpuMemory of the tree
+        self.device_process_peaks: dict[tuple[int | None, int | None, str], int] = {}  # NVML usedGpuMemory
         self.device_used_peaks: dict[tuple[int | None, str], int] = {}  # the devices' use above the baseline
         self.lock = threading.Lock()
         self.stopped = threading.Event()
 
-    def tree_rss(self, members: list) -> int:
+    def add_rank(self, rank: int, pid: int) -> None:
+        with self.lock:
+            self.ranks[rank] = self.psutil.Process(pid)
+            self.where[rank] = self.where.get(rank, (None, "setup"))
+        self.list_members()
+
+    def list_members(self) -> None:
+        """Which processes are whose: each rank's process and its children; the rest the launcher's."""
+        everyone = [self.root, *self.root.children(recursive=True)]
+        owned: dict[int | None, list] = {}
+        taken: set[int] = set()
+        for rank, process in list(self.ranks.items()):
+            try:
+                owned[rank] = [process, *process.children(recursive=True)]
+            except self.psutil.Error:  # the rank has ended
+                owned[rank] = []
+            taken |= {member.pid for member in owned[rank]}
+        owned[None] = [member for member in everyone if member.pid not in taken]
+        self.members = owned
+
+    @staticmethod
+    def rss(members: list) -> int:
         total = 0
         for process in members:
             try:
@@ -77,37 +105,46 @@ class MemorySampler(threading.Thread):
                 continue
         return total
 
-    def sample(self, also: tuple[int | None, str] | None = None) -> None:
-        """One reading, charged to the current (step, phase) and to ``also`` if given."""
+    def sample(self, also: dict[int | None, tuple[int | None, str]] | None = None) -> None:
+        """One reading per rank, charged to its current (step, phase) and to ``also``'s if given."""
         members = self.members
-        rss = self.tree_rss(members)
-        held, used = self.device.read({m.pid for m in members}) if self.device else (None, None)
+        total = 0
         with self.lock:
-            for where in {self.where, also or self.where}:
-                self.peaks[where] = max(self.peaks.get(where, 0), rss)
-                if held is not None:
-                    self.device_process_peaks[where] = max(self.device_process_peaks.get(where, 0), held)
-                if used is not None:
-                    self.device_used_peaks[where] = max(self.device_used_peaks.get(where, 0), used)
+            for rank, processes in members.items():
+                rss = self.rss(processes)
+                total += rss
+                held = self.device.read({m.pid for m in processes})[0] if self.device and rank is not None else None
+                now = self.where.get(rank, (None, "setup"))
+                for step, phase in {now, (also or {}).get(rank, now)}:
+                    key = (rank, step, phase)
+                    self.peaks[key] = max(self.peaks.get(key, 0), rss)
+                    if held is not None:
+                        self.device_process_peaks[key] = max(self.device_process_peaks.get(key, 0), held)
+            if self.device:
+                used = self.device.read(set())[1]
+                first = self.where.get(min(self.ranks, default=None), (None, "setup"))
+                self.device_used_peaks[first] = max(self.device_used_peaks.get(first, 0), used)
             self.samples += 1
-        if self.budget_bytes and rss > self.budget_bytes and self.over_budget is None:
-            self.over_budget = self.where
+        if self.budget_bytes and total > self.budget_bytes and self.over_budget is None:
+            self.over_budget = self.where.get(min(self.ranks, default=None), (None, "setup"))
             os.killpg(self.root.pid, signal.SIGKILL)
 
-    def device_peaks(self) -> tuple[dict[tuple[int | None, str], int], str]:
-        """The device peaks that stand for this run, and what they are: NVML's per-process figures
-        where it listed the tree's processes, else the devices' use above the baseline."""
-        if self.device_process_peaks:
-            return self.device_process_peaks, "device memory held by the worker's processes (NVML usedGpuMemory)"
-        return self.device_used_peaks, f"device memory used above the baseline ({self.device.source})"
-
-    def move_to(self, where: tuple[int | None, str]) -> None:
-        """A phase boundary: the reading there ends the old phase and starts the new one, so
-        that a phase shorter than the sampling interval still has its memory read."""
+    def move_to(self, rank: int, where: tuple[int | None, str]) -> None:
+        """A phase boundary of ``rank``: the reading there ends its old phase and starts the new one,
+        so that a phase shorter than the sampling interval still has its memory read."""
         started = time.process_time()
-        previous, self.where = self.where, where
-        self.sample(also=previous)
+        previous = self.where.get(rank, (None, "setup"))
+        self.where[rank] = where
+        self.sample(also={rank: previous})
         self.cpu_s += time.process_time() - started
+
+    def rank_peaks(self, rank: int) -> tuple[dict[tuple[int | None, str], int], dict[tuple[int | None, str], int]]:
+        """(host RSS peaks, device peaks) of one rank by (step, phase)."""
+
+        def of(peaks: dict) -> dict[tuple[int | None, str], int]:
+            return {(step, phase): value for (r, step, phase), value in peaks.items() if r == rank}
+
+        return of(self.peaks), of(self.device_process_peaks)
 
     def run(self) -> None:
         listed = 0.0
@@ -115,8 +152,9 @@ class MemorySampler(threading.Thread):
             started = time.thread_time()
             if time.monotonic() - listed > 0.5:
                 try:
-                    self.members, listed = [self.root, *self.root.children(recursive=True)], time.monotonic()
-                except Exception:  # the worker is gone
+                    self.list_members()
+                    listed = time.monotonic()
+                except Exception:  # the launcher is gone
                     break
             self.sample()
             self.cpu_s += time.thread_time() - started
@@ -160,6 +198,7 @@ def _summary(steps: list[schema.Step], peak_measure: str) -> schema.Summary | No
         grad_bytes=last.grad_bytes,
         trainable_params=last.trainable_params,
         reference_model_bytes=last.reference_model_bytes,
+        model_states=last.model_states,
     )
 
 
@@ -174,8 +213,57 @@ def _per_step(peaks: dict[tuple[int | None, str], int], step: int) -> dict[str, 
     return {phase: peak for (index, phase), peak in peaks.items() if index == step}
 
 
-def server_mode(job: dict) -> bool:
-    return job["levers"]["use_vllm"] and job["levers"]["vllm_mode"] == "server"
+def server_mode(levers: dict) -> bool:
+    return levers["use_vllm"] and levers["vllm_mode"] == "server"
+
+
+class Channel:
+    """The Unix socket every rank of a configuration reports on: one JSON event per line, each
+    carrying its rank (a socket, not a pipe: launchers close the file descriptors they do not know)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(self.path)
+        self.server.listen(64)
+
+    def events(self, launcher: subprocess.Popen) -> Iterator[dict]:
+        """Every event of every rank until the launcher has ended and every rank has hung up."""
+        selector = selectors.DefaultSelector()
+        selector.register(self.server, selectors.EVENT_READ)
+        pending: dict[socket.socket, bytes] = {}
+        try:
+            while True:
+                ready = selector.select(timeout=0.2)
+                for key, _ in ready:
+                    if key.fileobj is self.server:
+                        connection, _ = self.server.accept()
+                        selector.register(connection, selectors.EVENT_READ)
+                        pending[connection] = b""
+                        continue
+                    connection = key.fileobj
+                    data = connection.recv(1 << 16)
+                    if not data:
+                        selector.unregister(connection)
+                        connection.close()
+                        del pending[connection]
+                        continue
+                    *lines, pending[connection] = (pending[connection] + data).split(b"\n")
+                    for line in lines:
+                        yield json.loads(line)
+                if not ready and not pending and launcher.poll() is not None:
+                    return
+        finally:
+            for connection in pending:
+                connection.close()
+            selector.close()
+            self.server.close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def run_configuration(
@@ -186,130 +274,311 @@ def run_configuration(
     python: str = sys.executable,
     timeout_s: float | None = None,
     nvml: Any = None,
+    place: launch.Place | None = None,
 ) -> schema.WorkerRecord:
-    """One worker process (run by ``python``, another stack's venv for instance; started under
-    ``prefix``, e.g. ``unshare --net``, ``numactl``); returns its record: status ok, oom,
-    timeout (past ``timeout_s``), skipped or error.
+    """One configuration's ranks on this machine (one worker process, or ``num_processes`` under
+    ``accelerate launch``; run by ``python``, another stack's venv for instance; started under
+    ``prefix``, e.g. ``unshare --net``); returns their record: status ok, oom, timeout (past
+    ``timeout_s``), skipped or error, per rank where there are many.
 
-    On CUDA (GPUs seen through ``nvml``, default: pynvml) the worker gets the first visible GPU;
-    in server mode the second goes to ``trl vllm-serve``, and with fewer than two the
+    On CUDA (GPUs seen through ``nvml``, default: pynvml) the ranks get the first ``num_processes``
+    visible GPUs and in server mode the next ones go to ``trl vllm-serve``; with too few the
     configuration is skipped. Device memory is read on exactly the GPUs the run uses."""
     nvml = devices.load_nvml() if nvml is None else nvml
+    place = place or launch.Place(
+        machine_rank=0, main_process_ip="127.0.0.1", main_process_port=free_port()
+    )  # one machine: its own rendezvous port
+    levers = {**asdict(Levers()), **job["levers"]}
+    job = {**job, "levers": levers}
     gpus = devices.visible_gpus(nvml)
     env = {**os.environ, **VLLM_CPU_ENV, "PYTHONUNBUFFERED": "1"}
-    used = gpus[:1]
-    if gpus and server_mode(job):
-        split = devices.split_for_server(gpus)
-        if split is None:
-            return _skipped(
-                "vLLM server mode needs a GPU of its own for `trl vllm-serve` beside the trainer's (TRL's weight "
-                f"sync is an NCCL group: two ranks on one device fail with 'Duplicate GPU detected'); {len(gpus)} "
-                "visible here"
-            )
+    used: list[schema.Gpu] = []
+    if gpus:
+        server_count = levers["vllm_server_tensor_parallel_size"] * levers["vllm_server_data_parallel_size"]
+        serves = server_mode(levers) and place.machine_rank == 0  # the server beside the first machine's ranks
+        split = devices.split(gpus, levers["num_processes"], server_count if serves else 0)
+        if isinstance(split, str):
+            return _skipped(split)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(split.trainer)
         job = {**job, "server_devices": split.server}
         used = [g for g in gpus if g.uuid in split.trainer + split.server]
-    elif gpus:
-        env["CUDA_VISIBLE_DEVICES"] = gpus[0].uuid
+    elif launch.cpu_skip_reason(levers):
+        return _skipped(launch.cpu_skip_reason(levers))
+    if server_mode(levers):
+        job = {**job, "server_host": place.main_process_ip, "server_port": place.main_process_port + 1}
     device = devices.DeviceMemory(nvml, used) if used else None  # its baseline: before the worker starts
-    read_end, write_end = os.pipe()
-    with open(log_path, "w") as log:
-        worker = subprocess.Popen(
-            [*prefix, python, "-m", "benchmarks.run.worker"],
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            pass_fds=[write_end],
-            env=env,
-            cwd=REPO,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-            text=True,
-        )
-    os.close(write_end)
-    sampler = MemorySampler(worker.pid, budget_bytes, device)
-    sampler.start()
-    started = time.monotonic()
-    worker.stdin.write(json.dumps({**job, "channel_fd": write_end}))
-    worker.stdin.close()
-    steps: list[schema.Step] = []
-    versions: dict[str, str] = {}
-    on_cuda: dict[str, Any] = {}  # the worker's word that it runs on the device, and its budget there
-    ending: dict[str, Any] = {"event": "error", "error": "the worker ended without a word"}
-    timed_out = threading.Event()
+    with tempfile.TemporaryDirectory(prefix="grpo-bench-") as scratch:
+        channel = Channel(Path(scratch) / "channel")
+        job_path = Path(scratch) / "job.json"
+        job_path.write_text(json.dumps({**job, "channel": channel.path}))
+        argv, config = launch.command(levers, job.get("dtype", "float32"), bool(gpus), place, job_path, python)
+        with open(log_path, "w") as log:
+            launcher = subprocess.Popen(
+                [*prefix, *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        sampler = MemorySampler(launcher.pid, budget_bytes, device)
+        sampler.start()
+        started = time.monotonic()
+        timed_out = threading.Event()
 
-    def stop_on_time() -> None:
-        timed_out.set()
-        os.killpg(worker.pid, signal.SIGKILL)
+        def stop_on_time() -> None:
+            timed_out.set()
+            os.killpg(launcher.pid, signal.SIGKILL)
 
-    timer = threading.Timer(timeout_s, stop_on_time) if timeout_s else None
-    if timer:
-        timer.start()
-    with os.fdopen(read_end) as channel:
-        for line in channel:
-            event = json.loads(line)
-            kind = event["event"]
-            if kind == "phase":
-                sampler.move_to((sampler.where[0], event["phase"]))
+        timer = threading.Timer(timeout_s, stop_on_time) if timeout_s else None
+        if timer:
+            timer.start()
+        heard = Heard()
+        for event in channel.events(launcher):
+            rank, kind = event.pop("rank", 0), event.pop("event")
+            now = sampler.where.get(rank, (None, "setup"))
+            if kind == "hello":
+                heard.hellos.append(rank)
+                sampler.add_rank(rank, event["pid"])
+            elif kind == "phase":
+                sampler.move_to(rank, (now[0], event["phase"]))
             elif kind == "step_begin":
-                sampler.move_to((event["step"], sampler.where[1]))
+                sampler.move_to(rank, (event["step"], now[1]))
             elif kind == "step":
-                step = {k: v for k, v in event.items() if k != "event"}
-                steps.append(schema.decode(schema.Step, step, f"{log_path.name}: step event"))
+                heard.steps.setdefault(rank, []).append(schema.decode(schema.Step, event, f"{log_path.name}: step"))
             elif kind == "versions":
-                versions = event["versions"]
+                heard.versions = event["versions"]
             elif kind == "device":
-                on_cuda = {k: v for k, v in event.items() if k != "event"}
+                heard.on_cuda[rank] = event
+            elif kind == "distribution":
+                heard.distribution[rank] = event
             else:
-                ending = event
-    worker.wait()
-    if timer:
-        timer.cancel()
-    sampler.stopped.set()
-    sampler.join()
-    wall = time.monotonic() - started
-    on_device = device is not None and bool(on_cuda)
-    device_peaks, measure = sampler.device_peaks() if on_device else ({}, schema.HOST_RSS)
-    for step in steps:
-        step.peak_rss_bytes = _per_step(sampler.peaks, step.step)
-        if on_device:
-            step.peak_device_bytes = _per_step(device_peaks, step.step)
-            step.peak_device_used_bytes = _per_step(sampler.device_used_peaks, step.step)
-    record = schema.WorkerRecord(status="ok" if ending["event"] == "done" else ending["event"], steps=steps)
-    record.versions, record.device = versions, on_cuda or None
+                heard.endings.append((rank, {"event": kind, **event}))
+        launcher.wait()
+        if timer:
+            timer.cancel()
+        sampler.stopped.set()
+        sampler.join()
+        wall = time.monotonic() - started
+    record = _record(heard, sampler, device, levers, log_path, launcher.returncode)
     if timed_out.is_set():
-        record.status, record.phase = "timeout", sampler.where[1]
+        record.status, record.phase = "timeout", sampler.where.get(min(heard.hellos, default=None), (None, "setup"))[1]
         record.reason = f"still running after the configuration's limit of {timeout_s:g} s; the worker tree was stopped"
     elif sampler.over_budget is not None:
         record.status, record.phase = "oom", sampler.over_budget[1]
         record.reason = f"worker tree RSS passed the {budget_bytes / GIB:.1f} GiB budget"
-    elif ending["event"] in ("oom", "skipped"):
-        record.phase, record.reason, record.error = ending.get("phase"), ending.get("reason"), ending.get("error")
-    elif ending["event"] != "done":
-        tail = log_path.read_text(errors="replace")[-3000:]
-        record.reason, record.log_tail = ending.get("error", f"worker exit {worker.returncode}"), tail
-        refused = [line for line in tail.splitlines() if any(m in line for m in ENGINE_CANNOT_START)]
-        if refused:  # vLLM's engine process refused to start; the worker saw only "initialization failed"
-            record.status, record.phase = "oom", "engine_start"
-            record.reason = f"engine cannot start: {refused[-1][:400]}"
-    if record.status != "ok":  # where the memory stood when the worker ended (e.g. stopped at the budget)
-        finished = {step.step for step in steps}
+    if record.status != "ok":  # where the memory stood when the ranks ended (e.g. stopped at the budget)
+        finished = {step.step for step in record.steps}
 
-        def unfinished(peaks: dict[tuple[int | None, str], int]) -> dict[str, int] | None:
-            return {p: v for (i, p), v in peaks.items() if i is not None and i not in finished} if peaks else None
+        def unfinished(peaks: dict[tuple[int | None, int | None, str], int]) -> dict[str, int] | None:
+            found: dict[str, int] = {}
+            for (_, index, phase), value in peaks.items():
+                if index is not None and index not in finished:
+                    found[phase] = max(found.get(phase, 0), value)
+            return found if peaks else None
 
         record.unfinished_peak_rss_bytes = unfinished(sampler.peaks)
-        record.unfinished_peak_device_bytes = unfinished(device_peaks)
-    record.setup_peak_rss_bytes = max((p for (i, _), p in sampler.peaks.items() if i is None), default=0)
-    record.summary = _summary(steps, measure)
+        record.unfinished_peak_device_bytes = unfinished(sampler.device_process_peaks) if record.device else None
+    if config is not None or levers["num_machines"] > 1:
+        record.distribution = _distribution(heard, levers, config, record)
     record.harness = schema.Harness(
         wall_s=wall,
         sampler_cpu_s=sampler.cpu_s,
         samples=sampler.samples,
         overhead_fraction=sampler.cpu_s / wall if wall else 0.0,
         gpus=[g.index for g in used],  # NVML indices
+        launcher_peak_rss_bytes=max((v for (r, _, _), v in sampler.peaks.items() if r is None), default=0),
     )
     return record
+
+
+@dataclass
+class Heard:
+    """What the ranks of one launch said on the channel."""
+
+    hellos: list[int] = field(default_factory=list)
+    steps: dict[int, list[schema.Step]] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    on_cuda: dict[int, dict] = field(default_factory=dict)
+    distribution: dict[int, dict] = field(default_factory=dict)
+    endings: list[tuple[int, dict]] = field(default_factory=list)
+
+
+def _record(
+    heard: Heard,
+    sampler: MemorySampler,
+    device: devices.DeviceMemory | None,
+    levers: dict,
+    log_path: Path,
+    exit_status: int | None,
+) -> schema.WorkerRecord:
+    """The record of a launch from what its ranks said and what the sampler read: per rank its steps'
+    peaks and summary; the configuration's steps the maximum over its ranks."""
+    on_device = device is not None and bool(heard.on_cuda)
+    many = levers["distributed_type"] != "no"
+    ranks: list[schema.Rank] = []
+    measure = schema.HOST_RSS
+    for rank in sorted(set(heard.hellos)):
+        steps = heard.steps.get(rank, [])
+        rss, held = sampler.rank_peaks(rank)
+        device_peaks = held
+        if on_device and not held and not many:  # NVML lists none of ours: the devices' use above the baseline
+            device_peaks = sampler.device_used_peaks
+        if on_device:
+            measure = (
+                "device memory held by the worker's processes (NVML usedGpuMemory)"
+                if held
+                else f"device memory used above the baseline ({device.source})"
+            )
+        for step in steps:
+            step.peak_rss_bytes = _per_step(rss, step.step)
+            if on_device:
+                step.peak_device_bytes = _per_step(device_peaks, step.step)
+                step.peak_device_used_bytes = _per_step(sampler.device_used_peaks, step.step)
+        ranks.append(schema.Rank(rank=rank, summary=_summary(steps, measure)))
+    merged = _merged_steps([heard.steps.get(rank, []) for rank in sorted(set(heard.hellos))])
+    record = schema.WorkerRecord(status="ok", steps=merged, summary=_summary(merged, measure))
+    record.versions, record.device = heard.versions, heard.on_cuda.get(min(heard.on_cuda, default=0))
+    if many:
+        record.ranks = ranks
+    record.setup_peak_rss_bytes = max((v for (_, i, _), v in sampler.peaks.items() if i is None), default=0)
+    expected = levers["num_processes"]
+    bad = [(rank, e) for rank, e in heard.endings if e["event"] != "done"]
+    if bad:
+        rank, ending = bad[0]
+        record.status = ending["event"]
+        record.phase, record.reason, record.error = ending.get("phase"), ending.get("reason"), ending.get("error")
+        if record.status == "error":
+            tail = log_path.read_text(errors="replace")[-3000:]
+            record.reason, record.log_tail = ending.get("error", f"worker exit {exit_status}"), tail
+            refused = [line for line in tail.splitlines() if any(m in line for m in ENGINE_CANNOT_START)]
+            if refused:  # vLLM's engine process refused to start; the worker saw only "initialization failed"
+                record.status, record.phase = "oom", "engine_start"
+                record.reason = f"engine cannot start: {refused[-1][:400]}"
+        if many:
+            record.reason = f"rank {rank}: {record.reason}"
+    elif len(heard.hellos) != len(set(heard.hellos)):
+        record.status = "error"
+        record.reason = (
+            f"{len(heard.hellos)} processes reported ranks {sorted(heard.hellos)}: the launcher started independent "
+            "runs, not one run of many ranks"
+        )
+    elif len(heard.endings) < expected:
+        record.status = "error"
+        record.reason = f"{len(heard.endings)} of {expected} ranks ended with a word (launcher exit {exit_status})"
+        record.log_tail = log_path.read_text(errors="replace")[-3000:]
+    return record
+
+
+def _merged_steps(per_rank: list[list[schema.Step]]) -> list[schema.Step]:
+    """Each step as the configuration's figure: the slowest rank's time, every phase's maximum over
+    ranks, memory the maximum over ranks, completions summed over ranks."""
+    if len(per_rank) <= 1:
+        return per_rank[0] if per_rank else []
+    merged = []
+    for steps in zip(*per_rank, strict=False):
+        slowest = max(steps, key=lambda s: s.wall_s)
+        tokens = sum(s.completion_tokens for s in steps)
+
+        def most(of: Callable[[schema.Step], dict[str, Any] | None], steps: tuple = steps) -> dict[str, Any] | None:
+            found = [of(s) for s in steps if of(s) is not None]
+            return {k: max(d.get(k, 0) for d in found) for d in found for k in d} if found else None
+
+        merged.append(
+            replace(
+                slowest,
+                phase_s=most(lambda s: s.phase_s),
+                completion_tokens=tokens,
+                completion_tokens_per_s=tokens / slowest.wall_s if slowest.wall_s else 0.0,
+                optimizer_state_bytes=max(s.optimizer_state_bytes for s in steps),
+                grad_bytes=max(s.grad_bytes for s in steps),
+                reference_model_bytes=max(s.reference_model_bytes for s in steps),
+                model_states=max(
+                    (s.model_states for s in steps if s.model_states), key=lambda m: m.total, default=None
+                ),
+                peak_rss_bytes=most(lambda s: s.peak_rss_bytes),
+                peak_device_bytes=most(lambda s: s.peak_device_bytes),
+                peak_device_used_bytes=most(lambda s: s.peak_device_used_bytes),
+            )
+        )
+    return merged
+
+
+def _distribution(heard: Heard, levers: dict, config: dict | None, record: schema.WorkerRecord) -> schema.Distribution:
+    """How the ranks ran, from their own reports (rank 0's, the partition share the largest over ranks)."""
+    seen = heard.distribution
+    first = seen[min(seen)] if seen else {}
+    return schema.Distribution(
+        world_size=first.get("world_size"),
+        num_machines=levers["num_machines"],
+        distributed_type=first.get("distributed_type", "unknown: no rank reported it"),
+        backend=first.get("backend"),
+        zero_stage=first.get("zero_stage"),
+        fsdp_version=first.get("fsdp_version"),
+        held_parameter_fraction=max((d["held_parameter_fraction"] for d in seen.values()), default=None),
+        launcher="accelerate launch" if config is not None else "python",
+        config=config,
+        notes=first.get("notes", []),
+    )
+
+
+def run_machines(job: dict, budget_bytes: int | None, log_path: Path, timeout_s: float) -> schema.WorkerRecord:
+    """A configuration over ``num_machines`` machines: one launcher per machine through submitit
+    (``cluster.run_tasks``), rendezvous on the first machine; the machines' records merged."""
+    levers = job["levers"]
+    port = free_port()
+    task = functools.partial(machine_task, job, budget_bytes, str(log_path), timeout_s, port)
+    folder = log_path.with_suffix(".submitit")
+    records = cluster.run_tasks(task, levers["num_machines"], levers["num_processes"], timeout_s, folder)
+    return merge_machines(records)
+
+
+def machine_task(
+    job: dict, budget_bytes: int | None, log_path: str, timeout_s: float, port: int
+) -> schema.WorkerRecord:
+    """One machine's part of a configuration, run by submitit on that machine."""
+    machine_rank, main = cluster.place_here()
+    place = launch.Place(machine_rank=machine_rank, main_process_ip=main, main_process_port=port)
+    log = Path(f"{log_path}.machine{machine_rank}")
+    return run_configuration(job, budget_bytes, log, timeout_s=timeout_s, place=place)
+
+
+def merge_machines(records: list[schema.WorkerRecord]) -> schema.WorkerRecord:
+    """The machines' records as one configuration's: its status the first that is not ok (naming the
+    machine), its steps the maximum over every rank, its ranks every machine's."""
+    first = records[0]
+    for machine_rank, record in enumerate(records):
+        for rank in record.ranks:
+            rank.machine_rank = machine_rank
+    steps = _merged_steps([r.steps for r in records])
+    merged = replace(first, steps=steps, ranks=[rank for r in records for rank in r.ranks])
+    measure = first.summary.peak_measure if first.summary else schema.HOST_RSS
+    merged.summary = _summary(steps, measure)
+    bad = [(i, r) for i, r in enumerate(records) if r.status != "ok"]
+    if bad:
+        machine_rank, record = bad[0]
+        merged.status, merged.phase, merged.error, merged.log_tail = (
+            record.status,
+            record.phase,
+            record.error,
+            record.log_tail,
+        )
+        merged.reason = f"machine {machine_rank}: {record.reason}"
+    if first.distribution is not None:
+        fractions = [r.distribution.held_parameter_fraction for r in records if r.distribution]
+        held = max((f for f in fractions if f is not None), default=None)
+        merged.distribution = replace(first.distribution, held_parameter_fraction=held)
+    harnesses = [r.harness for r in records if r.harness]
+    if harnesses:
+        merged.harness = replace(
+            harnesses[0],
+            wall_s=max(h.wall_s for h in harnesses),
+            overhead_fraction=max(h.overhead_fraction for h in harnesses),
+            launcher_peak_rss_bytes=max(h.launcher_peak_rss_bytes for h in harnesses),
+        )
+    return merged
 
 
 def _skipped(reason: str) -> schema.WorkerRecord:
@@ -325,44 +594,52 @@ def resolved_levers(levers: Levers, prompt_words: int) -> Levers:
     return replace(levers, vllm_max_model_length=prompt_words + levers.max_completion_length + 8)
 
 
-def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = ()) -> Path:
-    """The configurations of ``profile.grpo`` (those whose name matches a pattern of ``only``,
-    if given); returns the result file written. The file says ``complete: false`` until the last
-    configuration has been recorded, and why it ended early where it did."""
-    grpo = profile.grpo
-    assert grpo is not None
-    shape = load_shapes()[grpo.shape]
-    print(f"shape {grpo.shape}: {shape.param_count() / 1e6:,.1f}M parameters ({shape.source}); building or reusing it")
-    model_dir = materialise(shape, grpo.dtype)
-    budget = int(grpo.memory_budget_gib * GIB)
-    path = out / profile.hardware / f"{machine.stamp()}-grpo.json"
-    result = schema.GrpoFile(**machine.header("grpo", profile, quick), shape=machine.shape_record(grpo.shape))
+def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (), part: str = "grpo") -> Path:
+    """The configurations of the profile's ``grpo`` or ``distributed`` part (those whose name matches
+    a pattern of ``only``, if given); returns the result file written. The file says ``complete:
+    false`` until the last configuration has been recorded, and why it ended early where it did."""
+    bench = getattr(profile, part)
+    assert bench is not None
+    shape = load_shapes()[bench.shape]
+    print(f"shape {bench.shape}: {shape.param_count() / 1e6:,.1f}M parameters ({shape.source}); building or reusing it")
+    model_dir = materialise(shape, bench.dtype)
+    budget = int(bench.memory_budget_gib * GIB)
+    path = out / profile.hardware / f"{machine.stamp()}-{part}.json"
+    result = schema.GrpoFile(**machine.header(part, profile, quick), shape=machine.shape_record(bench.shape))
     todo = [
         (name, levers)
-        for name, levers in configurations(grpo)
+        for name, levers in configurations(bench)
         if not only or any(fnmatch.fnmatch(name, x) for x in only)
     ]
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as logs, schema.marked_incomplete(path, result):
         for number, (name, levers) in enumerate(todo, 1):
             print(f"[{number}/{len(todo)}] {name} ...", end=" ", flush=True)
-            levers = resolved_levers(levers, grpo.prompt_words)
+            levers = resolved_levers(levers, bench.prompt_words)
             job = {
                 "levers": asdict(levers),
                 "model_dir": str(model_dir),
-                "dtype": grpo.dtype,
-                "warmup_steps": grpo.warmup_steps,
-                "measured_steps": grpo.measured_steps,
-                "prompt_words": grpo.prompt_words,
-                "memory_budget_bytes": budget,  # CUDA: the worker caps torch's allocator at it
+                "dtype": bench.dtype,
+                "warmup_steps": bench.warmup_steps,
+                "measured_steps": bench.measured_steps,
+                "prompt_words": bench.prompt_words,
+                "memory_budget_bytes": budget,  # CUDA: each rank caps torch's allocator at it
             }
-            ran = run_configuration(job, budget, Path(logs) / f"{number}.log", timeout_s=grpo.configuration_timeout_s)
+            log = Path(logs) / f"{number}.log"
+            if levers.num_machines > 1:
+                ran = cluster.run_machines(job, budget, log, timeout_s=bench.configuration_timeout_s)
+            else:
+                ran = run_configuration(job, budget, log, timeout_s=bench.configuration_timeout_s)
             configuration = schema.Configuration(name=name, levers=asdict(levers), **vars(ran))
             result.configurations.append(configuration)
             result.finished = schema.now()
             schema.write(path, result)
             print(_one_line(configuration), flush=True)
-        result.targets = targets(result.configurations, time.monotonic() - started, quick)
+        wall = time.monotonic() - started
+        if part == "distributed":
+            result.targets = distributed_targets(result.configurations, wall, quick, shape, bench.dtype)
+        else:
+            result.targets = targets(result.configurations, wall, quick)
     return path
 
 
@@ -390,6 +667,46 @@ def targets(records: list[schema.Configuration], wall_s: float, quick: bool) -> 
             measured=spread,
             limit=0.02,
             met=None if spread is None else spread <= 0.02,
+        ),
+    ]
+
+
+def distributed_targets(
+    records: list[schema.Configuration], wall_s: float, quick: bool, shape: Shape, dtype: str
+) -> list[schema.Target]:
+    """The many-ranks part's targets, as measured in this run: ZeRO-3's per-rank model states against
+    the analytic model's (``estimate.rank_model_states``), the harness's overhead, the part's time."""
+    errors = []
+    for record in records:
+        levers = record.lever_values
+        if record.status == "ok" and levers.distributed_type == "zero3" and levers.world_size == 2 and record.ranks:
+            predicted = rank_model_states(shape, dtype, levers).total
+            for rank in record.ranks:
+                if rank.summary and rank.summary.model_states:
+                    errors.append(abs(rank.summary.model_states.total / predicted - 1))
+    error = max(errors, default=None)
+    overhead = max((r.harness.overhead_fraction for r in records if r.harness), default=None)
+    limit_s = 120 if quick else 300
+    return [
+        schema.Target(
+            claim="per-rank model-state memory at 2 ranks with ZeRO-3 within 10% of what the analytic model "
+            "predicts for that rank (largest relative error over the ranks)",
+            measured=error,
+            limit=0.10,
+            met=None if error is None else error <= 0.10,
+        ),
+        schema.Target(
+            claim="the harness's overhead per rank (the parent's sampler CPU time over wall time) "
+            "at most 2% of step time",
+            measured=overhead,
+            limit=0.02,
+            met=None if overhead is None else overhead <= 0.02,
+        ),
+        schema.Target(
+            claim=f"the {'--quick ' if quick else ''}distributed part finishes within {limit_s // 60} minutes",
+            measured=wall_s,
+            limit=limit_s,
+            met=wall_s <= limit_s,
         ),
     ]
 
@@ -423,3 +740,12 @@ def print_summary(path: Path) -> None:
         by_phase = " / ".join(f"{summary.peak_bytes_by_phase.get(p, 0) / GIB:5.2f}" for p in phases)
         speed = f"{summary.step_s_median:7.2f} {summary.completion_tokens_per_s_median:7.1f}"
         print(f"{record.name:80} {'ok':8} {speed}  {by_phase}")
+        for rank in record.ranks:
+            states = rank.summary.model_states if rank.summary else None
+            if states is not None:
+                parts = ", ".join(
+                    f"{name} {getattr(states, name) / GIB:.3f}"
+                    for name in ("parameters", "master", "optimizer", "gradients")
+                )
+                peak = rank.summary.peak_bytes / GIB
+                print(f"    rank {rank.rank}: model states {states.total / GIB:.3f} GiB ({parts}); peak {peak:.2f} GiB")

@@ -1,15 +1,23 @@
-"""One GRPO configuration in its own process: ``python -m benchmarks.run.worker`` (a job on stdin).
+"""One GRPO configuration, one rank of it per process: ``python -m benchmarks.run.worker JOB.json``,
+or under ``accelerate launch`` for many ranks (every rank runs this module).
 
 The worker builds the policy (full, LoRA or QLoRA), a ``GRPOTrainer`` with the job's levers
-and a dataset of fixed-length prompts, then runs warm-up and measured steps. It reports on
-the file descriptor named in the job, one JSON object per line:
+and a dataset of fixed-length prompts, then runs warm-up and measured steps. Each rank connects
+to the Unix socket named in the job and reports there, one JSON object per line, each carrying
+its ``rank``:
 
-- ``{"event": "versions", "versions": {...}}`` first: the stack this interpreter runs;
+- ``{"event": "hello", "pid": ...}`` first: which process this rank is, for the parent's sampler;
+- ``{"event": "versions", "versions": {...}}``: the stack this interpreter runs;
+- ``{"event": "distribution", ...}`` once training has begun: the world size, distributed type,
+  ZeRO stage and share of the parameters this rank holds, as they really are; where they are not
+  what the levers asked for (accelerate's CPU launcher runs one process whatever
+  ``num_processes`` says; FSDP on a CPU becomes plain DDP or independent runs), the rank ends
+  with an ``error`` naming the mismatch, never a result;
 - ``{"event": "phase", "phase": NAME, "t": ...}`` at every phase change, so that the parent's
   memory sampler can attribute each sample to a phase;
 - ``{"event": "step", ...}`` after each optimizer step: wall time, exclusive seconds per
-  phase, tokens, optimizer-state, gradient and reference-model bytes, and on CUDA the peak
-  allocated/reserved bytes per phase;
+  phase, tokens, optimizer-state, gradient and reference-model bytes, the model states the rank
+  holds, and on CUDA the peak allocated/reserved bytes per phase;
 - ``{"event": "done"}``, or ``{"event": "oom", "phase": ...}``, or ``{"event": "skipped",
   "reason": ...}``, or ``{"event": "error", ...}``.
 
@@ -46,6 +54,7 @@ import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
 from importlib import metadata
+from pathlib import Path
 from typing import Any, TextIO
 
 from benchmarks.run.models import word
@@ -112,8 +121,12 @@ class Phases:
 
 
 def report(channel: TextIO, **record: Any) -> None:
-    channel.write(json.dumps(record) + "\n")
+    channel.write(json.dumps({**record, "rank": RANK}) + "\n")
     channel.flush()
+
+
+RANK = int(os.environ.get("RANK", "0"))  # set by accelerate's launcher for every rank; one process: 0
+LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def tensor_bytes(tensors: Any) -> int:
@@ -125,6 +138,95 @@ def tensor_bytes(tensors: Any) -> int:
 def optimizer_state_bytes(optimizer: Any) -> int:
     """Bytes held in the optimizer's state tensors (exact, unlike RSS, which holds caches too)."""
     return sum(tensor_bytes(state.values()) for state in optimizer.state.values())
+
+
+def local_bytes(parameter: Any) -> int:
+    """The storage a rank holds for one parameter: its ZeRO-3 partition, its FSDP2 shard, else itself."""
+    held = getattr(parameter, "ds_tensor", None)
+    if held is None:
+        held = parameter.to_local() if hasattr(parameter, "to_local") else parameter.data
+    return held.numel() * held.element_size()
+
+
+def full_numel(parameter: Any) -> int:
+    return getattr(parameter, "ds_numel", parameter.numel())
+
+
+def model_states(trainer: Any, grad_bytes: int) -> dict[str, int]:
+    """The model states this rank holds, read from its tensors (``schema.ModelStates``). Under
+    DeepSpeed the optimizer is its ZeRO optimizer: fp32 master partitions, the inner optimizer's
+    state, and its flat gradient partition (gradients never reach ``param.grad`` there)."""
+    parameters = sum(local_bytes(p) for p in trainer.model.parameters())
+    engine = getattr(trainer, "deepspeed", None)
+    zero = getattr(engine, "optimizer", None) if engine is not None else None
+    if zero is not None and hasattr(zero, "optimizer"):
+        masters = getattr(zero, "single_partition_of_fp32_groups", None) or getattr(
+            zero, "fp32_partitioned_groups_flat", []
+        )
+        master, inner = tensor_bytes(masters), zero.optimizer
+        buffers = [getattr(zero, "grads_in_partition", None), getattr(zero, "grad_partitions_flat_buffer", None)]
+        grad_bytes = tensor_bytes(buffers)
+    else:
+        master, inner = 0, trainer.optimizer
+    optimizer = optimizer_state_bytes(inner)
+    total = parameters + master + optimizer + grad_bytes
+    return {"parameters": parameters, "master": master, "optimizer": optimizer, "gradients": grad_bytes, "total": total}
+
+
+# What each lever value asks accelerate for (its DistributedType names), CPU and CUDA.
+EXPECTED_TYPE = {"no": "NO", "zero1": "DEEPSPEED", "zero2": "DEEPSPEED", "zero3": "DEEPSPEED", "fsdp2": "FSDP"}
+
+
+class FellBack(RuntimeError):
+    """The launch ran less than the levers asked for (fewer ranks, another distributed type, no partitioning)."""
+
+
+def distribution(trainer: Any, levers: dict, cuda: bool) -> dict[str, Any]:
+    """What really runs on this rank, checked against the levers; FellBack names any mismatch."""
+    import torch.distributed as dist
+
+    state = trainer.accelerator.state
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    kind = state.distributed_type.name
+    expected_world = levers["num_processes"] * levers["num_machines"]
+    expected_kind = EXPECTED_TYPE.get(levers["distributed_type"]) or ("MULTI_GPU" if cuda else "MULTI_CPU")
+    plugin = getattr(state, "deepspeed_plugin", None)
+    stage = plugin.zero_stage if plugin is not None else None
+    fsdp = getattr(state, "fsdp_plugin", None)
+    parameters = list(trainer.model.parameters())
+    held = sum(local_bytes(p) / p.element_size() for p in parameters) / max(1, sum(full_numel(p) for p in parameters))
+    found = {
+        "world_size": world,
+        "accelerate_processes": state.num_processes,
+        "distributed_type": kind,
+        "backend": dist.get_backend() if dist.is_initialized() else None,
+        "zero_stage": stage,
+        "fsdp_version": getattr(fsdp, "fsdp_version", None) if fsdp is not None else None,
+        "held_parameter_fraction": held,
+    }
+    problems = []
+    if world != expected_world or state.num_processes != expected_world:
+        problems.append(
+            f"{expected_world} ranks asked for, but torch.distributed has {world} and accelerate {state.num_processes}"
+        )
+    if kind != expected_kind:
+        problems.append(f"distributed_type {levers['distributed_type']!r} asked for, but accelerate runs {kind}")
+    wanted_stage = int(levers["distributed_type"][-1]) if levers["distributed_type"].startswith("zero") else None
+    if wanted_stage is not None and stage != wanted_stage:
+        problems.append(f"ZeRO stage {wanted_stage} asked for, but DeepSpeed runs stage {stage}")
+    if levers["distributed_type"] in ("zero3", "fsdp2") and expected_world > 1 and held > 1.5 / expected_world:
+        problems.append(
+            f"{levers['distributed_type']} partitions the parameters over {expected_world} ranks, "
+            f"but this rank holds {held:.0%} of them"
+        )
+    if problems:
+        raise FellBack("; ".join(problems) + f" (seen on rank {RANK}: {found})")
+    if plugin is not None:
+        found["notes"] = [
+            "DeepSpeed steps its optimizer inside accelerate's backward: the optimizer's time and memory "
+            "are in forward_backward"
+        ]
+    return found
 
 
 def varied_reward(completions: list, **kwargs: Any) -> list[float]:
@@ -156,40 +258,47 @@ def skip_reason(job: dict, cuda: bool) -> str | None:
 
 
 @contextlib.contextmanager
-def vllm_server(model_dir: str, levers: dict, server_devices: list[str], log_path: str) -> Iterator[int]:
-    """``trl vllm-serve`` on 127.0.0.1 for server mode, on ``server_devices``: started here (so that
-    its memory is the worker's children's), waited for on ``/health``, stopped by its process group."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "trl.cli.main", "vllm-serve", "--model", model_dir, "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--gpu_memory_utilization", str(levers["vllm_gpu_memory_utilization"])]
-    if levers["vllm_max_model_length"]:
-        command += ["--max_model_len", str(levers["vllm_max_model_length"])]
-    # On GPUs of its own (the harness split them): its NCCL rank must not share the trainer's device.
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(server_devices)}
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+def vllm_server(job: dict, log_path: str) -> Iterator[int]:
+    """``trl vllm-serve`` for server mode on the first machine, on the GPUs the harness gave it (never
+    the trainer's), at the address it chose: started by rank 0 (so that its memory is rank 0's children's),
+    waited for on ``/health`` by every rank, stopped by its process group."""
+    levers, host, port = job["levers"], job["server_host"], job["server_port"]
+    server = None
+    if RANK == 0:
+        command = [sys.executable, "-m", "trl.cli.main", "vllm-serve", "--model", job["model_dir"]]
+        command += ["--host", "0.0.0.0" if levers["num_machines"] > 1 else host, "--port", str(port)]
+        command += ["--gpu_memory_utilization", str(levers["vllm_gpu_memory_utilization"])]
+        command += ["--tensor_parallel_size", str(levers["vllm_server_tensor_parallel_size"])]
+        command += ["--data_parallel_size", str(levers["vllm_server_data_parallel_size"])]
+        if levers["vllm_max_model_length"]:
+            command += ["--max_model_len", str(levers["vllm_max_model_length"])]
+        # Its NCCL rank must not share a device with the trainer's: two on one device fail.
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(job["server_devices"])}
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(name, None)  # the trainer's process group is not the server's
+        with open(log_path, "w") as log:
+            server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + 600
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/", timeout=5):
+                with urllib.request.urlopen(f"http://{host}:{port}/health/", timeout=5):
                     break
             except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"trl vllm-serve did not come up (exit {server.poll()}); see {log_path}"
-                    ) from None
+                ended = server is not None and server.poll() is not None
+                if ended or time.monotonic() > deadline:
+                    exit_status = server.poll() if server is not None else "not rank 0's to see"
+                    raise RuntimeError(f"trl vllm-serve did not come up (exit {exit_status}); see {log_path}") from None
                 time.sleep(2)
         yield port
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        if server is not None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
 
 
 STACK_MODULES = ("torch", "transformers", "trl", "peft", "bitsandbytes", "unsloth", "liger_kernel", "vllm")
@@ -248,8 +357,8 @@ def load_policy(job: dict, cuda: bool) -> tuple[Any, Any]:
         load["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
         )
-    if cuda:
-        load["device_map"] = {"": 0}
+    if cuda and levers["distributed_type"] not in ("zero3", "fsdp2"):  # those place (and shard) it themselves
+        load["device_map"] = {"": LOCAL_RANK}
     return AutoModelForCausalLM.from_pretrained(model_dir, **load), peft_config
 
 
@@ -259,7 +368,6 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
     from trl import GRPOConfig, GRPOTrainer
 
     levers, model_dir = job["levers"], job["model_dir"]
-    model, peft_config = load_policy(job, cuda)
     # Not AutoTokenizer: transformers maps model_type qwen2 to Qwen2Tokenizer whatever the
     # directory's tokenizer files say, and that one does not read the suite's word-level vocabulary.
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
@@ -283,7 +391,8 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
         vllm_enable_sleep_mode=levers["vllm_enable_sleep_mode"],
         vllm_gpu_memory_utilization=levers["vllm_gpu_memory_utilization"],
         vllm_max_model_length=levers["vllm_max_model_length"],
-        **({"vllm_server_host": "127.0.0.1", "vllm_server_port": server_port} if server_port else {}),
+        vllm_tensor_parallel_size=levers["vllm_tensor_parallel_size"],
+        **({"vllm_server_host": job["server_host"], "vllm_server_port": server_port} if server_port else {}),
         beta=levers["beta"],
         num_generations=levers["num_generations"],
         per_device_train_batch_size=levers["per_device_train_batch_size"],
@@ -301,6 +410,9 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
         dataloader_num_workers=0,
         **job.get("extra_config", {}),
     )
+    # After the config: under ZeRO-3 its DeepSpeed config makes from_pretrained load straight into
+    # partitions (zero.Init), as a trainer given a model name would, instead of a whole copy per rank.
+    model, peft_config = load_policy(job, cuda)
 
     class MeasuredGRPOTrainer(GRPOTrainer):
         """GRPOTrainer with its phases marked; nothing else changes."""
@@ -332,6 +444,10 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
             self.started = 0.0
             self.grad_bytes = 0
 
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            # After accelerate has prepared the model: the ranks, their type and partitions as they are.
+            report(channel, event="distribution", **distribution(trainer, levers, cuda))
+
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             phases.take()
             self.started = time.perf_counter()
@@ -360,7 +476,8 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
                 completion_tokens_per_s=completions * length / wall,
                 optimizer_state_bytes=optimizer_state_bytes(trainer.optimizer),
                 grad_bytes=self.grad_bytes,
-                trainable_params=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+                model_states=model_states(trainer, self.grad_bytes),
+                trainable_params=sum(full_numel(p) for p in trainer.model.parameters() if p.requires_grad),
                 reference_model_bytes=tensor_bytes(trainer.ref_model.parameters()) if trainer.ref_model else 0,
             )
 
@@ -431,27 +548,25 @@ def run(job: dict, channel: TextIO) -> None:
         report(channel, event="skipped", reason=reason)
         return
     if cuda:  # the parent headlines device memory only for a worker that ran on the device
+        torch.cuda.set_device(LOCAL_RANK)  # each rank on its own of the GPUs the harness gave the launch
         total = torch.cuda.mem_get_info()[1]
         budget: dict[str, Any] = {}
         if job.get("memory_budget_bytes"):
             fraction = min(1.0, job["memory_budget_bytes"] / total)
             torch.cuda.set_per_process_memory_fraction(fraction)
             budget = {"budget_bytes": min(job["memory_budget_bytes"], total), "fraction": fraction}
-        report(channel, event="device", name=torch.cuda.get_device_name(0), total_bytes=total, **budget)
+        report(channel, event="device", name=torch.cuda.get_device_name(), total_bytes=total, **budget)
     phases = Phases(channel, cuda)
     server = job["levers"]["use_vllm"] and job["levers"]["vllm_mode"] == "server"
     with tempfile.TemporaryDirectory() as output_dir, contextlib.ExitStack() as stack:
         try:
             with phases.phase("setup"):
-                port = (
-                    stack.enter_context(
-                        vllm_server(job["model_dir"], job["levers"], job["server_devices"], f"{output_dir}/server.log")
-                    )
-                    if server
-                    else None
-                )
+                port = stack.enter_context(vllm_server(job, f"{output_dir}/server.log")) if server else None
                 trainer = build_trainer(job, phases, cuda, output_dir, port)
             trainer.train()
+        except FellBack as error:
+            report(channel, event="error", error=str(error)[:2000])
+            return
         except BaseException as error:
             if engine_cannot_start(error):
                 reason = f"engine cannot start: {str(error)[:400]}"
@@ -465,9 +580,12 @@ def run(job: dict, channel: TextIO) -> None:
 
 
 def main() -> None:
-    job = json.loads(sys.stdin.read())
+    job = json.loads(Path(sys.argv[1]).read_text())
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    with os.fdopen(job["channel_fd"], "w") as channel:
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.connect(job["channel"])
+    with connection, connection.makefile("w") as channel:
+        report(channel, event="hello", pid=os.getpid())
         try:
             run(job, channel)
         except BaseException as error:
