@@ -48,7 +48,10 @@ def _install_deepspeed(session: nox.Session, pins: tuple[str, ...]) -> None:
     deepspeed = [r for r in distributed if r.startswith("deepspeed")]
     session.install("setuptools", "wheel", "packaging", *pins)
     session.install("--no-build-isolation", *deepspeed, *pins, env={"DS_BUILD_OPS": "0"})
-    # DeepSpeed's own builder (deepspeed.comm.torch.build_shm_op): None where the platform has no such op
+    # DeepSpeed's own builder (deepspeed.comm.torch.build_shm_op): None where the platform has no such op.
+    # Built into this venv's own directory: torch keys a JIT build by its paths, so venvs sharing
+    # ~/.cache/torch_extensions would rebuild it for one another inside measured runs.
+    session.env["TORCH_EXTENSIONS_DIR"] = str(Path(session.virtualenv.location) / "torch_extensions")
     session.run_install("python", "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()")
 
 

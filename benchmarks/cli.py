@@ -316,10 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     patterns = args.only.split(",") if args.only else []
     parts = [p for p in profile.parts if not patterns or any(fnmatch.fnmatch(p, x) for x in patterns)]
     configuration_filter = None
-    if not parts and profile.grpo is not None:
-        names = [name for name, _ in profiles.configurations(profile.grpo)]
-        if any(fnmatch.fnmatch(name, x) for name in names for x in patterns):
-            parts, configuration_filter = ["grpo"], patterns
+    if not parts:  # configurations of the parts that run GRPO steps, by name
+        for part in profiles.GRPO_PARTS:
+            bench = getattr(profile, part)
+            names = [name for name, _ in profiles.configurations(bench)] if part in profile.parts and bench else []
+            if any(fnmatch.fnmatch(name, x) for name in names for x in patterns):
+                parts.append(part)
+        configuration_filter = patterns
     if not parts:
         parser.error(
             f"--only {args.only!r} matches no part of profile {profile.name!r} ({', '.join(profile.parts)}) "

@@ -3,6 +3,9 @@ device memory per process with a baseline, the NOT_SUPPORTED fallback of unified
 mode's GPUs, the default profile on a CUDA machine, and time limits."""
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from types import SimpleNamespace
@@ -300,3 +303,50 @@ def test_the_worker_s_skip_reasons_name_what_is_missing():
     levers = {"model": "full", "vllm_enable_sleep_mode": False, "use_vllm": False, "optim": "adamw_torch"}
     assert worker.skip_reason({"levers": {**levers, "model": "qlora"}}, cuda=False).startswith("QLoRA")
     assert worker.skip_reason({"levers": levers}, cuda=False) is None
+
+
+def test_ranks_get_a_gpu_each_and_the_server_the_next_ones_or_the_configuration_is_skipped():
+    gpus = devices.describe(FakeNVML(*(gpu("NVIDIA H100", 79.65, index=i) for i in range(4))))
+    split = devices.split(gpus, trainer=2, server=2)
+    assert split.trainer == ["GPU-00000000-fake", "GPU-00000001-fake"]
+    assert split.server == ["GPU-00000002-fake", "GPU-00000003-fake"]
+    assert devices.split(gpus, trainer=4, server=1).startswith("vLLM server mode needs 1 GPU(s) of its own")
+    assert devices.split(gpus, trainer=8, server=0) == "8 ranks need a GPU each; 4 visible here"
+
+
+def test_a_launch_where_fewer_ranks_report_than_asked_for_is_an_error(tmp_path, stand_in, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml = FakeNVML(*(gpu("NVIDIA H100", 79.65, index=i) for i in range(3)))
+    two_ranks = {**job(tmp_path, num_processes=2, distributed_type="ddp"), "dtype": "bfloat16"}
+    # the stand-in takes the launcher's place: one process, one rank's word, where two were asked for
+    record = grpo.run_configuration(two_ranks, None, tmp_path / "w.log", python=stand_in, nvml=nvml)
+    assert record.status == "error" and record.reason.startswith("1 of 2 ranks ended with a word")
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["cuda_visible_devices"] == "GPU-00000000-fake,GPU-00000001-fake"  # a GPU per rank
+    assert record.distribution.launcher == "accelerate launch" and record.distribution.world_size is None
+
+
+def test_a_fork_of_a_worker_counts_only_its_own_pages_not_its_parent_s_again(tmp_path):
+    # a worker holding ~400 MB forks a child that writes nothing: the child's RSS shows the parent's
+    # pages (shared copy-on-write), which the tree's memory must not count twice
+    script = (
+        "import os, time\n"
+        "held = bytearray(400 * 2**20)\n"
+        "for i in range(0, len(held), 4096): held[i] = 1\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(30); os._exit(0)\n"
+        "time.sleep(30)\n"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        time.sleep(2)
+        sampler = grpo.MemorySampler(worker.pid, None)
+        sampler.list_members()
+        (child,) = psutil.Process(worker.pid).children()
+        assert child.memory_info().rss > 400 * 2**20  # what counting its RSS would add
+        sampler.sample()
+        tree = sampler.peaks[(None, None, "setup")]
+        assert 400 * 2**20 < tree < psutil.Process(worker.pid).memory_info().rss + 100 * 2**20
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()

@@ -81,7 +81,11 @@ def test_two_machines_over_loopback_through_submitit_s_local_executor_make_one_r
     pytest.importorskip("submitit")
     monkeypatch.delenv("GRPO_BENCH_EXECUTOR", raising=False)
     record = grpo.run_machines(
-        job(model_dir, num_processes=1, num_machines=2, distributed_type="zero3"), None, tmp_path / "w.log", 300
+        job(model_dir, num_processes=1, num_machines=2, distributed_type="zero3"),
+        None,
+        tmp_path / "w.log",
+        300,
+        gpus=False,
     )
     assert record.status == "ok", record.reason
     assert record.distribution.world_size == 2 and record.distribution.num_machines == 2
@@ -109,3 +113,10 @@ def test_the_accelerate_config_starts_from_trl_s_and_carries_the_levers(tmp_path
     assert zero["stage3_param_persistence_threshold"] == 0
     one, none = launch.command(dataclasses.asdict(Levers()), "float32", False, place, tmp_path / "job.json", "python")
     assert none is None and one[:3] == ["python", "-m", "benchmarks.run.worker"]
+
+
+def test_server_mode_over_many_machines_without_gpus_is_skipped_before_any_machine_starts(model_dir, tmp_path):
+    levers = {"num_processes": 1, "num_machines": 2, "distributed_type": "zero3", "use_vllm": True}
+    record = grpo.run_machines(job(model_dir, **levers, vllm_mode="server"), None, tmp_path / "w.log", 300, gpus=False)
+    assert record.status == "skipped" and "only over CUDA" in record.reason
+    assert not (tmp_path / "w.submitit").exists()

@@ -85,6 +85,9 @@ class Levers:
     distributed_type: str = "no"
     offload_optimizer_device: str = "none"  # cpu: ZeRO keeps optimizer states (and the fp32 master) in host memory
     offload_param_device: str = "none"  # cpu: ZeRO-3 keeps parameter partitions in host memory
+    # ZeRO-3: False generates from the partitioned weights instead of gathering the whole model for the
+    # rollout (TRL's "reducing memory usage"; slower generation)
+    ds3_gather_for_generation: bool = True
     vllm_tensor_parallel_size: int = 1  # colocate: the engine split over this many of the trainer's ranks
     # Server mode: `trl vllm-serve --tensor_parallel_size T --data_parallel_size D` on T x D GPUs of its own
     vllm_server_tensor_parallel_size: int = 1

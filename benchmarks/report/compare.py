@@ -62,7 +62,10 @@ def resolve_sides(arguments: list[str], results_dir: Path) -> list[Side]:
         if path.is_file():
             result = read_result(path, argument)
             if result.kind not in KINDS:
-                raise ValueError(f"{argument}: not a grpo-bench result file (kind {result.kind!r})")
+                raise ValueError(
+                    f"{argument}: a {result.kind} result file; compare takes {', '.join(KINDS)} files "
+                    "(many-ranks runs are tabled per rank in results/tables/distributed.md)"
+                )
             label = path.stem if result.complete else f"{path.stem} (incomplete: ended early)"
             sides.append(Side(label, {result.kind: result}))
         elif argument in newest:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from benchmarks.catalog.profiles import load_hardware
+from benchmarks.catalog.profiles import load_hardware, load_shapes
+from benchmarks.model.estimate import rank_model_states
 from benchmarks.report.validation import PHASE_ORDER, Check
-from benchmarks.results.schema import ContextFile, DecodeFile, GrpoFile, Result, RewardsFile
+from benchmarks.results.schema import ContextFile, DecodeFile, Rank, Result, RewardsFile
 
 
 def size_class(hardware: str) -> str:
@@ -18,12 +19,12 @@ def size_class(hardware: str) -> str:
 
 
 def configurations(results: list[Result]) -> pd.DataFrame:
-    """One row per GRPO configuration: where it ran, its levers (``levers``, as run; ``lever_<name>``
-    columns, as the file recorded them), its status, step time and headline peak (device memory on
-    CUDA, host RSS on CPU)."""
+    """One row per GRPO configuration on one device (``grpo`` files; many ranks are ``ranks``'): where
+    it ran, its levers (``levers``, as run; ``lever_<name>`` columns, as the file recorded them), its
+    status, step time and headline peak (device memory on CUDA, host RSS on CPU)."""
     rows = []
     for result in results:
-        if not isinstance(result.record, GrpoFile):
+        if result.kind != "grpo":
             continue
         for number, configuration in enumerate(result.record.configurations, 1):
             summary = configuration.summary
@@ -45,6 +46,47 @@ def configurations(results: list[Result]) -> pd.DataFrame:
                     **{f"lever_{k}": v for k, v in configuration.levers.items()},
                 }
             )
+    return pd.DataFrame(rows)
+
+
+def ranks(results: list[Result]) -> pd.DataFrame:
+    """One row per rank of each configuration of ``distributed`` files (a one-process configuration:
+    one row, rank 0): how the configuration really ran, the rank's model states, headline peak and step
+    time; with the analytic model's model states for that rank (``predicted_states_bytes``)."""
+    rows = []
+    for result in results:
+        if result.kind != "distributed":
+            continue
+        shape = load_shapes()[result.shape]
+        for configuration in result.record.configurations:
+            ran = configuration.distribution
+            levers = configuration.lever_values
+            entries = configuration.ranks or [Rank(rank=0, summary=configuration.summary)]
+            for rank in entries:
+                summary = rank.summary
+                states = summary.model_states if summary else None
+                rows.append(
+                    {
+                        "file": result.path,
+                        "hardware": result.hardware,
+                        "configuration": configuration.name,
+                        "status": configuration.status,
+                        "reason": configuration.reason,
+                        "world_size": ran.world_size if ran else 1,
+                        "distributed_type": ran.distributed_type if ran else "NO",
+                        "zero_stage": ran.zero_stage if ran else None,
+                        "held_parameter_fraction": ran.held_parameter_fraction if ran else 1.0,
+                        "rank": rank.rank,
+                        "machine_rank": rank.machine_rank,
+                        "states": states,
+                        "predicted_states_bytes": rank_model_states(
+                            shape, result.record.profile.distributed.dtype, levers
+                        ).total,
+                        "peak_bytes": summary.peak_bytes if summary else None,
+                        "peak_measure": summary.peak_measure if summary else None,
+                        "step_s": summary.step_s_median if summary else None,
+                    }
+                )
     return pd.DataFrame(rows)
 
 

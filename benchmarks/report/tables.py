@@ -33,7 +33,7 @@ from benchmarks.report.validation import validate
 from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile, load_results
 from benchmarks.run import context
 
-TABLES = ("sizing", "decode", "context", "rewards", "model")
+TABLES = ("sizing", "decode", "context", "rewards", "model", "distributed")
 SEED_ANCHORS = ("24gb", "h200", "b200")  # the classes the seed's table names: always shown
 CLASS_NAMES = {"24gb": "24GB-class", "a100": "A100-class", "h100": "H100-class", "h200": "H200-class"}
 CLASS_NAMES |= {"b200": "B200-class", "spark": "DGX Spark", "cpu": "CPU only", "gpu": "other GPUs"}
@@ -366,6 +366,55 @@ def model_table(results: list[Result]) -> tuple[str, float | None]:
     return "\n".join(lines + _context_probe_errors(results)) + "\n", median
 
 
+def distributed_table(results: list[Result]) -> str:
+    """Per rank of each many-ranks configuration: how it really ran (world size, accelerate's type, the
+    ZeRO stage, the share of the parameters a rank held), the model states the rank held against the
+    analytic model's for that rank, its headline peak and step time."""
+    found = frames.ranks(results)
+    if found.empty:
+        return "No many-ranks result yet (`nox -s bench -- --only distributed`).\n"
+    rows, notes = [], []
+    for _, row in found.iterrows():
+        states = row.states
+        stage = f", ZeRO-{row.zero_stage:.0f}" if not pd.isna(row.zero_stage) else ""
+        held = row.held_parameter_fraction
+        terms = (
+            " / ".join(f"{getattr(states, t) / GIB:.2f}" for t in ("parameters", "master", "optimizer", "gradients"))
+            if states
+            else ""
+        )
+        rows.append(
+            {
+                "file": row.file,
+                "configuration": row.configuration,
+                "ran as": f"{frames.count(row.world_size, '?')} x {row.distributed_type}{stage}"
+                if row.status == "ok"
+                else f"{row.status}: {row.reason}",
+                "rank": f"{row['rank']}",
+                "params held": "" if held is None or pd.isna(held) else f"{held:.0%}",
+                "model states GiB: params / master / optimizer / grads": terms,
+                "model states GiB": f"{states.total / GIB:.2f}" if states else "",
+                "predicted GiB": f"{row.predicted_states_bytes / GIB:.2f}",
+                "error": f"{states.total / row.predicted_states_bytes - 1:+.1%}" if states else "",
+                "peak GiB": "" if pd.isna(row.peak_bytes) else f"{row.peak_bytes / GIB:.2f}",
+                "s/step": "" if pd.isna(row.step_s) else f"{row.step_s:.1f}",
+            }
+        )
+        if row.peak_measure and row.peak_measure not in notes:
+            notes.append(row.peak_measure)
+    table = frames.markdown(pd.DataFrame(rows), numeric=("rank", "params held", "model states GiB", "predicted GiB"))
+    legend = (
+        "Model states are read from each rank's tensors after an optimizer step: its parameter storage (a "
+        "ZeRO-3 partition where parameters are partitioned), DeepSpeed's fp32 master partition, the optimizer's "
+        "states and the gradient storage still held. Predicted: `estimate.rank_model_states` for that rank, "
+        "gradients included: ZeRO-2 holds its gradient partition through backward and frees it after the step, "
+        "so its measured rows lack that term (ZeRO-3 keeps its flat gradient buffer). Peak: "
+        + "; ".join(notes)
+        + " of that rank."
+    )
+    return table + "\n\n" + legend + "\n"
+
+
 def _context_probe_errors(results: list[Result]) -> list[str]:
     """The context searches' probes are measured configurations too: the model's whole-step peak
     (as it is now, from the file's settings) against each fitting probe's, per contender."""
@@ -418,6 +467,7 @@ def build(results: list[Result]) -> dict[str, str]:
         "context": context_table(results),
         "rewards": rewards_table(results),
         "model": model_table(results)[0],
+        "distributed": distributed_table(results),
     }
 
 

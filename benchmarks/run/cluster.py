@@ -2,7 +2,8 @@
 as one Slurm job of that many nodes (a task per node, the GPUs each machine's ranks need), or with its
 local executor as processes of this host, each a "machine" over loopback. Each task runs the
 configuration's launcher for its machine (``accelerate launch --num_machines --machine_rank
---main_process_ip``, c10d rendezvous) and returns that machine's record.
+--main_process_ip``, c10d rendezvous) and returns that machine's record; in server mode one more
+task is the vLLM server's machine (TRL's multi-node recipe: ``trl vllm-serve`` on a node of its own).
 
 ``GRPO_BENCH_EXECUTOR=slurm`` submits to Slurm (``sbatch`` where this runs: its ``SLURM_CONF``, its
 partition from ``GRPO_BENCH_SLURM_PARTITION``); unset, the local executor runs the machines here.
@@ -43,10 +44,12 @@ def run_tasks(task: Callable[[], Any], machines: int, gpus_per_machine: int, tim
     return executor.submit(task).results()
 
 
-def place_here() -> tuple[int, str]:
-    """(machine rank, the first machine's address) of the task running this, from submitit's view."""
+def place_here() -> tuple[int, list[str]]:
+    """(this task's machine rank, every machine's address in rank order), from submitit's view; the
+    local executor's machines are this host, over loopback."""
     import submitit
 
     environment = submitit.JobEnvironment()
-    main = "127.0.0.1" if environment.cluster == "local" else environment.hostnames[0]
-    return environment.global_rank, main
+    if environment.cluster == "local":
+        return environment.global_rank, ["127.0.0.1"] * environment.num_tasks
+    return environment.global_rank, list(environment.hostnames)

@@ -37,7 +37,7 @@ from benchmarks.model.estimate import GIB, rank_model_states
 from benchmarks.results import schema
 from benchmarks.run import cluster, devices, launch, machine
 from benchmarks.run.models import materialise
-from benchmarks.run.worker import ENGINE_CANNOT_START
+from benchmarks.run.worker import ENGINE_CANNOT_START, server_command
 
 SAMPLE_INTERVAL_S = 0.02
 # vLLM on CPU, in the worker's process: engine in-process (its memory is the worker's RSS,
@@ -69,6 +69,7 @@ class MemorySampler(threading.Thread):
         self.samples = 0
         self.cpu_s = 0.0
         self.members: dict[int | None, list] = {None: [self.root]}  # rank -> its processes
+        self.forks: set[int] = set()  # children that are their parent's fork: their own pages only
         self.device = device
         self.device_process_peaks: dict[tuple[int | None, int | None, str], int] = {}  # NVML usedGpuMemory
         self.device_used_peaks: dict[tuple[int | None, str], int] = {}  # the devices' use above the baseline
@@ -82,7 +83,9 @@ class MemorySampler(threading.Thread):
         self.list_members()
 
     def list_members(self) -> None:
-        """Which processes are whose: each rank's process and its children; the rest the launcher's."""
+        """Which processes are whose: each rank's process and its children; the rest the launcher's.
+        A child that runs its parent's command line is a fork not (yet) replaced by another program:
+        its pages are its parent's, shared copy-on-write, and only its own (USS) are counted."""
         everyone = [self.root, *self.root.children(recursive=True)]
         owned: dict[int | None, list] = {}
         taken: set[int] = set()
@@ -93,14 +96,20 @@ class MemorySampler(threading.Thread):
                 owned[rank] = []
             taken |= {member.pid for member in owned[rank]}
         owned[None] = [member for member in everyone if member.pid not in taken]
-        self.members = owned
+        forks = set()
+        for member in everyone[1:]:
+            try:
+                if member.cmdline() == member.parent().cmdline():
+                    forks.add(member.pid)
+            except (self.psutil.Error, AttributeError):  # ended, or its parent has
+                continue
+        self.members, self.forks = owned, forks
 
-    @staticmethod
-    def rss(members: list) -> int:
+    def rss(self, members: list) -> int:
         total = 0
         for process in members:
             try:
-                total += process.memory_info().rss
+                total += process.memory_full_info().uss if process.pid in self.forks else process.memory_info().rss
             except Exception:  # a child that ended between listing and reading
                 continue
         return total
@@ -293,10 +302,11 @@ def run_configuration(
     gpus = devices.visible_gpus(nvml)
     env = {**os.environ, **VLLM_CPU_ENV, "PYTHONUNBUFFERED": "1"}
     used: list[schema.Gpu] = []
+    # The server beside the first machine's ranks, unless a machine of its own runs it (run_machines).
+    server_here = server_mode(levers) and place.machine_rank == 0 and "server_host" not in job
     if gpus:
         server_count = levers["vllm_server_tensor_parallel_size"] * levers["vllm_server_data_parallel_size"]
-        serves = server_mode(levers) and place.machine_rank == 0  # the server beside the first machine's ranks
-        split = devices.split(gpus, levers["num_processes"], server_count if serves else 0)
+        split = devices.split(gpus, levers["num_processes"], server_count if server_here else 0)
         if isinstance(split, str):
             return _skipped(split)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(split.trainer)
@@ -305,7 +315,8 @@ def run_configuration(
     elif launch.cpu_skip_reason(levers):
         return _skipped(launch.cpu_skip_reason(levers))
     if server_mode(levers):
-        job = {**job, "server_host": place.main_process_ip, "server_port": place.main_process_port + 1}
+        where = {"server_host": place.main_process_ip, "server_port": place.main_process_port + 1}
+        job = {**where, **job, "server_starts_here": server_here}
     device = devices.DeviceMemory(nvml, used) if used else None  # its baseline: before the worker starts
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as scratch:
         channel = Channel(Path(scratch) / "channel")
@@ -524,25 +535,63 @@ def _distribution(heard: Heard, levers: dict, config: dict | None, record: schem
     )
 
 
-def run_machines(job: dict, budget_bytes: int | None, log_path: Path, timeout_s: float) -> schema.WorkerRecord:
+def run_machines(
+    job: dict, budget_bytes: int | None, log_path: Path, timeout_s: float, gpus: bool
+) -> schema.WorkerRecord:
     """A configuration over ``num_machines`` machines: one launcher per machine through submitit
-    (``cluster.run_tasks``), rendezvous on the first machine; the machines' records merged."""
-    levers = job["levers"]
+    (``cluster.run_tasks``; with ``gpus``, each machine asks for a GPU per rank), rendezvous on the
+    first machine; in server mode one more machine runs ``trl vllm-serve`` alone, as TRL's multi-node
+    recipe does. The trainer machines' records merged."""
+    levers = {**asdict(Levers()), **job["levers"]}
+    server = levers["vllm_server_tensor_parallel_size"] * levers["vllm_server_data_parallel_size"]
+    if server_mode(levers) and not gpus:
+        return _skipped("TRL syncs weights to a vLLM server only over CUDA (trl/generation/vllm_client.py)")
     port = free_port()
-    task = functools.partial(machine_task, job, budget_bytes, str(log_path), timeout_s, port)
+    task = functools.partial(machine_task, {**job, "levers": levers}, budget_bytes, str(log_path), timeout_s, port)
     folder = log_path.with_suffix(".submitit")
-    records = cluster.run_tasks(task, levers["num_machines"], levers["num_processes"], timeout_s, folder)
-    return merge_machines(records)
+    machines = levers["num_machines"] + (1 if server_mode(levers) else 0)
+    per_machine = max(levers["num_processes"], server if server_mode(levers) else 0) if gpus else 0
+    records = cluster.run_tasks(task, machines, per_machine, timeout_s, folder)
+    return merge_machines([record for record in records if record is not None])
 
 
 def machine_task(
     job: dict, budget_bytes: int | None, log_path: str, timeout_s: float, port: int
-) -> schema.WorkerRecord:
-    """One machine's part of a configuration, run by submitit on that machine."""
-    machine_rank, main = cluster.place_here()
-    place = launch.Place(machine_rank=machine_rank, main_process_ip=main, main_process_port=port)
-    log = Path(f"{log_path}.machine{machine_rank}")
-    return run_configuration(job, budget_bytes, log, timeout_s=timeout_s, place=place)
+) -> schema.WorkerRecord | None:
+    """One machine's part of a configuration, run by submitit on that machine: its ranks' launcher,
+    or, on the machine after the trainers' in server mode, the vLLM server until the trainers are done."""
+    machine_rank, hosts = cluster.place_here()
+    levers = job["levers"]
+    done = Path(f"{log_path}.trainers-done")  # submitit's folder is shared by the job's machines
+    if server_mode(levers):
+        job = {**job, "server_host": hosts[levers["num_machines"]], "server_port": port + 1}
+        if machine_rank == levers["num_machines"]:
+            serve_until(job, done, Path(f"{log_path}.server"), timeout_s)
+            return None
+    place = launch.Place(machine_rank=machine_rank, main_process_ip=hosts[0], main_process_port=port)
+    record = run_configuration(
+        job, budget_bytes, Path(f"{log_path}.machine{machine_rank}"), timeout_s=timeout_s, place=place
+    )
+    if machine_rank == 0:
+        done.touch()
+    return record
+
+
+def serve_until(job: dict, done: Path, log_path: Path, timeout_s: float) -> None:
+    """``trl vllm-serve`` on every GPU of this machine until ``done`` appears (or the time limit)."""
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(
+            server_command(job, sys.executable, host="0.0.0.0"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+    deadline = time.monotonic() + timeout_s
+    while not done.exists() and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(2)
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait()
 
 
 def merge_machines(records: list[schema.WorkerRecord]) -> schema.WorkerRecord:
@@ -627,7 +676,8 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (),
             }
             log = Path(logs) / f"{number}.log"
             if levers.num_machines > 1:
-                ran = cluster.run_machines(job, budget, log, timeout_s=bench.configuration_timeout_s)
+                gpus = profile.hardware != "cpu"
+                ran = run_machines(job, budget, log, timeout_s=bench.configuration_timeout_s, gpus=gpus)
             else:
                 ran = run_configuration(job, budget, log, timeout_s=bench.configuration_timeout_s)
             configuration = schema.Configuration(name=name, levers=asdict(levers), **vars(ran))

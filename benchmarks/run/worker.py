@@ -257,21 +257,29 @@ def skip_reason(job: dict, cuda: bool) -> str | None:
     return None
 
 
+def server_command(job: dict, python: str, host: str) -> list[str]:
+    """``trl vllm-serve`` for the job's model and levers, listening on ``host`` at the job's port."""
+    levers = job["levers"]
+    command = [python, "-m", "trl.cli.main", "vllm-serve", "--model", job["model_dir"]]
+    command += ["--host", host, "--port", str(job["server_port"])]
+    command += ["--gpu_memory_utilization", str(levers["vllm_gpu_memory_utilization"])]
+    command += ["--tensor_parallel_size", str(levers["vllm_server_tensor_parallel_size"])]
+    command += ["--data_parallel_size", str(levers["vllm_server_data_parallel_size"])]
+    if levers["vllm_max_model_length"]:
+        command += ["--max_model_len", str(levers["vllm_max_model_length"])]
+    return command
+
+
 @contextlib.contextmanager
 def vllm_server(job: dict, log_path: str) -> Iterator[int]:
-    """``trl vllm-serve`` for server mode on the first machine, on the GPUs the harness gave it (never
-    the trainer's), at the address it chose: started by rank 0 (so that its memory is rank 0's children's),
-    waited for on ``/health`` by every rank, stopped by its process group."""
-    levers, host, port = job["levers"], job["server_host"], job["server_port"]
+    """``trl vllm-serve`` for server mode, on the GPUs the harness gave it (never the trainer's), at
+    the address it chose: started by rank 0 where it runs beside the first machine's ranks (so that
+    its memory is rank 0's children's), else by a machine of its own; waited for on ``/health`` by
+    every rank, stopped by its process group."""
+    host, port = job["server_host"], job["server_port"]
     server = None
-    if RANK == 0:
-        command = [sys.executable, "-m", "trl.cli.main", "vllm-serve", "--model", job["model_dir"]]
-        command += ["--host", "0.0.0.0" if levers["num_machines"] > 1 else host, "--port", str(port)]
-        command += ["--gpu_memory_utilization", str(levers["vllm_gpu_memory_utilization"])]
-        command += ["--tensor_parallel_size", str(levers["vllm_server_tensor_parallel_size"])]
-        command += ["--data_parallel_size", str(levers["vllm_server_data_parallel_size"])]
-        if levers["vllm_max_model_length"]:
-            command += ["--max_model_len", str(levers["vllm_max_model_length"])]
+    if RANK == 0 and job["server_starts_here"]:
+        command = server_command(job, sys.executable, host="0.0.0.0" if job["levers"]["num_machines"] > 1 else host)
         # Its NCCL rank must not share a device with the trainer's: two on one device fail.
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(job["server_devices"])}
         for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -287,7 +295,7 @@ def vllm_server(job: dict, log_path: str) -> Iterator[int]:
             except OSError:
                 ended = server is not None and server.poll() is not None
                 if ended or time.monotonic() > deadline:
-                    exit_status = server.poll() if server is not None else "not rank 0's to see"
+                    exit_status = server.poll() if server is not None else "not this rank's to see"
                     raise RuntimeError(f"trl vllm-serve did not come up (exit {exit_status}); see {log_path}") from None
                 time.sleep(2)
         yield port
@@ -392,6 +400,7 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
         vllm_gpu_memory_utilization=levers["vllm_gpu_memory_utilization"],
         vllm_max_model_length=levers["vllm_max_model_length"],
         vllm_tensor_parallel_size=levers["vllm_tensor_parallel_size"],
+        ds3_gather_for_generation=levers["ds3_gather_for_generation"],
         **({"vllm_server_host": job["server_host"], "vllm_server_port": server_port} if server_port else {}),
         beta=levers["beta"],
         num_generations=levers["num_generations"],
