@@ -315,7 +315,7 @@ def run_configuration(
     elif launch.cpu_skip_reason(levers):
         return _skipped(launch.cpu_skip_reason(levers))
     if server_mode(levers):
-        where = {"server_host": place.main_process_ip, "server_port": place.main_process_port + 1}
+        where = {"server_host": place.main_process_ip, "server_port": free_port()}
         job = {**where, **job, "server_starts_here": server_here}
     device = devices.DeviceMemory(nvml, used) if used else None  # its baseline: before the worker starts
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as scratch:
@@ -393,7 +393,7 @@ def run_configuration(
         record.unfinished_peak_rss_bytes = unfinished(sampler.peaks)
         record.unfinished_peak_device_bytes = unfinished(sampler.device_process_peaks) if record.device else None
     if config is not None or levers["num_machines"] > 1:
-        record.distribution = _distribution(heard, levers, config, record)
+        record.distribution = _distribution(heard, levers, config)
     record.harness = schema.Harness(
         wall_s=wall,
         sampler_cpu_s=sampler.cpu_s,
@@ -517,7 +517,7 @@ def _merged_steps(per_rank: list[list[schema.Step]]) -> list[schema.Step]:
     return merged
 
 
-def _distribution(heard: Heard, levers: dict, config: dict | None, record: schema.WorkerRecord) -> schema.Distribution:
+def _distribution(heard: Heard, levers: dict, config: dict | None) -> schema.Distribution:
     """How the ranks ran, from their own reports (rank 0's, the partition share the largest over ranks)."""
     seen = heard.distribution
     first = seen[min(seen)] if seen else {}
