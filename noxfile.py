@@ -51,7 +51,12 @@ def _install_deepspeed(session: nox.Session, pins: tuple[str, ...]) -> None:
     # DeepSpeed's own builder (deepspeed.comm.torch.build_shm_op): None where the platform has no such op.
     # Built into this venv's own directory: torch keys a JIT build by its paths, so venvs sharing
     # ~/.cache/torch_extensions would rebuild it for one another inside measured runs.
-    session.env["TORCH_EXTENSIONS_DIR"] = str(Path(session.virtualenv.location) / "torch_extensions")
+    extensions = Path(session.virtualenv.location) / "torch_extensions"
+    session.env["TORCH_EXTENSIONS_DIR"] = str(extensions)
+    # torch's JIT build holds a lock file while it compiles; one left by an interrupted install would
+    # make every later build wait for ever. Nothing else builds into this venv's directory meanwhile.
+    for stale in extensions.glob("*/*/lock"):
+        stale.unlink()
     session.run_install("python", "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()")
 
 
