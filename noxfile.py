@@ -55,7 +55,7 @@ def _install_deepspeed(session: nox.Session, pins: tuple[str, ...]) -> None:
     session.env["TORCH_EXTENSIONS_DIR"] = str(extensions)
     # torch's JIT build holds a lock file while it compiles; one left by an interrupted install would
     # make every later build wait for ever. Nothing else builds into this venv's directory meanwhile.
-    for stale in extensions.glob("*/*/lock"):
+    for stale in extensions.glob("*/lock"):  # <dir>/<extension>/lock
         stale.unlink()
     session.run_install("python", "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()")
 
