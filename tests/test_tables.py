@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from benchmarks import REPO
 from benchmarks.catalog.profiles import Levers
 from benchmarks.cli import main
 from benchmarks.model.estimate import GIB
-from benchmarks.report import compare, tables
+from benchmarks.report import compare, frames, tables
 from benchmarks.results import schema
 
 
@@ -215,7 +216,6 @@ def test_tables_from_a_results_directory_that_is_missing_or_empty_fail_and_write
 
 
 def test_the_committed_tables_are_what_the_committed_results_make(tmp_path):
-    from benchmarks import REPO
 
     written = tables.write_tables(REPO / "results" / "runs", tmp_path)
     for path in written:
@@ -395,3 +395,16 @@ def test_the_context_table_and_the_model_table_follow_a_context_file(tmp_path):
     assert "reached 3.0x the context of unchunked TRL 1.14.2" in text and "not reproduced" in text
     assert "budget 5 GiB" in text
     assert "| cpu/x-context.json | trl-1.16 | 1 | " in flat("\n".join(tables._context_probe_errors(results)))
+
+
+def test_the_committed_many_ranks_run_shows_per_rank_model_states_falling_as_zero_says():
+    found = frames.ranks(schema.load_results(REPO / "results" / "runs"))
+    assert not found.empty, "no committed distributed result"
+    newest = found[found.file == found.file.max()]
+    totals = {(row.configuration, row.rank_number): row.states.total for row in newest.itertuples()}
+    alone = totals[("num_processes=1 distributed_type=no", 0)]
+    for (name, rank), total in totals.items():
+        if "zero" in name:
+            assert total < 0.7 * alone, (name, rank)  # 16 B/param alone; 10 B/param of each rank at 2 ranks
+    zero3 = newest[newest.configuration.str.contains("zero3")]
+    assert (zero3.held_parameter_fraction == 0.5).all() and (zero3.zero_stage == 3).all()

@@ -76,7 +76,7 @@ def ranks(results: list[Result]) -> pd.DataFrame:
                         "distributed_type": ran.distributed_type if ran else "NO",
                         "zero_stage": ran.zero_stage if ran else None,
                         "held_parameter_fraction": ran.held_parameter_fraction if ran else 1.0,
-                        "rank": rank.rank,
+                        "rank_number": rank.rank,
                         "machine_rank": rank.machine_rank,
                         "states": states,
                         "predicted_states_bytes": rank_model_states(

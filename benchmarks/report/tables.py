@@ -390,7 +390,7 @@ def distributed_table(results: list[Result]) -> str:
                 "ran as": f"{frames.count(row.world_size, '?')} x {row.distributed_type}{stage}"
                 if row.status == "ok"
                 else f"{row.status}: {row.reason}",
-                "rank": f"{row['rank']}",
+                "rank": f"{row.rank_number}",
                 "params held": "" if held is None or pd.isna(held) else f"{held:.0%}",
                 "model states GiB: params / master / optimizer / grads": terms,
                 "model states GiB": f"{states.total / GIB:.2f}" if states else "",
