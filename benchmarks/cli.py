@@ -118,9 +118,14 @@ def print_rewards_summary(path: Path) -> None:
         print(f"target: {target.claim} (>= {target.minimum_ratio:g}x): {verdict}")
 
 
-def parse_levers(text: str) -> profiles.Levers:
-    """``k=v,k=v`` as Levers; values read as TOML (true, 0.04, "x") or else as plain strings."""
-    table = {}
+# What `estimate` assumes where --levers leaves it: the seed's workload (one prompt's 8 generations of
+# 1024 tokens a rank), not the harness's small defaults.
+ESTIMATE_BASE = {"num_generations": 8, "per_device_train_batch_size": 8, "max_completion_length": 1024}
+
+
+def parse_levers(text: str, base: dict | None = None) -> profiles.Levers:
+    """``k=v,k=v`` as Levers over ``base``; values read as TOML (true, 0.04, "x") or else as plain strings."""
+    table = dict(base or {})
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep:
@@ -134,37 +139,86 @@ def parse_levers(text: str) -> profiles.Levers:
     return levers
 
 
+def workload_line(levers: profiles.Levers, prompt_tokens: int) -> str:
+    """The workload the estimate assumes, in TRL's terms, stated once."""
+    prompts = levers.per_device_train_batch_size // levers.num_generations
+    world = levers.world_size
+    line = (
+        f"per rank: {levers.per_device_train_batch_size} completions a step ({prompts} prompt(s) x "
+        f"num_generations={levers.num_generations}) of {prompt_tokens} prompt + {levers.max_completion_length} "
+        "completion tokens"
+    )
+    if world > 1:
+        line += (
+            f"; {world} ranks ({levers.num_machines} machine(s) x {levers.num_processes}, {levers.distributed_type}): "
+            f"{world * levers.per_device_train_batch_size} completions a step in all"
+        )
+    return line
+
+
 def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     shapes, catalog = profiles.load_shapes(), profiles.load_hardware()
     if args.shape not in shapes:
         parser.error(f"--shape {args.shape!r}: not in profiles/shapes.toml ({', '.join(shapes)})")
     if args.hardware not in catalog:
         parser.error(f"--hardware {args.hardware!r}: not in profiles/hardware.toml ({', '.join(catalog)})")
+    shape, hardware = shapes[args.shape], catalog[args.hardware]
+    capacity = hardware.memory_gib * estimate.GIB
+
+    def predict(levers: profiles.Levers) -> estimate.Estimate:
+        work = estimate.Workload(levers.per_device_train_batch_size, args.prompt_tokens, levers.max_completion_length)
+        return estimate.estimate(shape, args.dtype, levers, work, hardware, args.logits)
+
+    def smallest(levers: profiles.Levers, counts: tuple[int, ...]) -> profiles.Levers | None:
+        """``levers`` on the first of ``counts`` GPUs that fits, or None."""
+        for count in counts:
+            candidate = estimate.on_gpus(levers, count)
+            if profiles.combination_problem(candidate) is None and predict(candidate).fits(capacity):
+                return candidate
+        return None
+
     try:
-        levers = parse_levers(args.levers)
-        work = estimate.Workload(args.completions, args.prompt_tokens, args.completion_tokens)
-        est = estimate.estimate(shapes[args.shape], args.dtype, levers, work, catalog[args.hardware], args.logits)
+        levers = parse_levers(args.levers, ESTIMATE_BASE)
+        if args.min_gpus:
+            found = smallest(levers, estimate.GPU_COUNTS)
+            if found is None:
+                most = estimate.GPU_COUNTS[-1]
+                print(f"{args.shape} does not fit {most} x {hardware.name} with these levers (predicted)")
+                return 0
+            levers = found
+        est = predict(levers)
     except (profiles.ProfileError, ValueError) as error:
         parser.error(str(error))
-    hardware = catalog[args.hardware]
+    gpus = levers.world_size
     print(
-        f"{args.shape} ({shapes[args.shape].param_count() / 1e9:.2f}B) {args.dtype} on {hardware.name} "
-        f"({hardware.memory_gib:g} GiB); {work.completions} x ({work.prompt_tokens} + {work.completion_tokens}) tokens"
+        f"{args.shape} ({shape.param_count() / 1e9:.2f}B) {args.dtype} on {gpus} x {hardware.name} "
+        f"({hardware.memory_gib:g} GiB each)"
     )
+    print(workload_line(levers, args.prompt_tokens))
     print(f"levers: {levers}")
     for phase, terms in est.phases.items():
-        print(f"\n{phase}: {est.total(phase) / estimate.GIB:.2f} GiB")
+        print(f"\n{phase}, per GPU: {est.total(phase) / estimate.GIB:.2f} GiB")
         for term, value in sorted(terms.items(), key=lambda item: -item[1]):
-            print(f"  {term:20} {value / estimate.GIB:9.2f} GiB  {est.notes.get(term, '')}")
-    fits = est.fits(hardware.memory_gib * estimate.GIB)
+            print(f"  {term:24} {value / estimate.GIB:9.2f} GiB  {est.notes.get(term, '')}")
+    for term, note in est.notes.items():
+        if not any(term in terms for terms in est.phases.values()):
+            print(f"  ({note})")
+    fits = est.fits(capacity)
     print(
-        f"\npeak {est.peak / estimate.GIB:.2f} GiB in {est.peak_phase}: "
+        f"\npeak {est.peak / estimate.GIB:.2f} GiB per GPU in {est.peak_phase}: "
         f"{'fits' if fits else 'does NOT fit'} {hardware.memory_gib:g} GiB (predicted)"
+        + (f"; the smallest GPU count of {estimate.GPU_COUNTS} that fits" if args.min_gpus else "")
     )
     if est.engine_cannot_start:
-        need = estimate.engine_need(shapes[args.shape], args.dtype, levers, work)
-        share = min(1.0, need.total / (hardware.memory_gib * estimate.GIB))
-        print(f"{est.engine_cannot_start}; vllm_gpu_memory_utilization >= {share:.2f} would hold it")
+        work = estimate.Workload(levers.per_device_train_batch_size, args.prompt_tokens, levers.max_completion_length)
+        need = estimate.engine_need(shape, args.dtype, levers, work)
+        share = need.total / capacity
+        hold = f"; vllm_gpu_memory_utilization >= {share:.2f} would hold it" if share <= 1 else ""
+        print(f"{est.engine_cannot_start}{hold}")
+    if not fits:
+        more = smallest(levers, tuple(count for count in estimate.GPU_COUNTS if count > gpus))
+        if more is not None:
+            print(f"{more.world_size} x {hardware.name} would hold it ({more.distributed_type}; see --min-gpus)")
     return 0
 
 
@@ -273,9 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     guess.add_argument("--hardware", required=True, help="a hardware class of profiles/hardware.toml")
     guess.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 or float16 (default bfloat16)")
     guess.add_argument("--levers", default="", help="GRPOConfig fields and model/lora_r: k=v,k=v (TOML values)")
-    guess.add_argument("--completions", type=int, default=8, help="sequences per step (default 8)")
-    guess.add_argument("--prompt-tokens", type=int, default=256)
-    guess.add_argument("--completion-tokens", type=int, default=1024)
+    guess.add_argument("--prompt-tokens", type=int, default=256, help="prompt length (completions: the levers')")
+    guess.add_argument(
+        "--min-gpus",
+        action="store_true",
+        help=f"the smallest GPU count of {estimate.GPU_COUNTS} that fits these levers",
+    )
     guess.add_argument("--logits", default="trl-tiled", choices=estimate.LOGITS_PATHS, help="the loss's logits path")
     tabulate = commands.add_parser("tables", help="regenerate results/tables/*.md from every result file")
     tabulate.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")

@@ -12,7 +12,7 @@ optimizer state, activations, the logits path). The peak of a step is the larger
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from benchmarks.catalog.profiles import Hardware, Levers
 from benchmarks.catalog.shapes import Shape
@@ -116,7 +116,13 @@ def engine_need(shape: Shape, dtype: str, levers: Levers, work: Workload) -> Eng
         weights, precision = shape.param_count() * b, dtype
     length = levers.vllm_max_model_length or work.prompt_tokens + work.completion_tokens
     kv = kv_bytes_per_token(shape, b) * work.completions * length
-    return EngineNeed(int(weights), kv, VLLM_OVERHEAD_BYTES, precision)
+    # Tensor parallelism splits the weights over the engine's GPUs; its KV heads too, while the engine
+    # serves that many ranks' sequences (TRL gathers the prompts of a tensor-parallel group): one
+    # rank's rollout of KV per GPU either way.
+    tp = levers.vllm_server_tensor_parallel_size if levers.vllm_mode == "server" else levers.vllm_tensor_parallel_size
+    if tp > 1:
+        precision += f", tensor parallel over {tp} GPUs"
+    return EngineNeed(int(weights / tp), kv, VLLM_OVERHEAD_BYTES, precision)
 
 
 def qlora_weight_bytes(shape: Shape, b: int) -> float:
@@ -243,6 +249,16 @@ def estimate(
     if levers.use_vllm:
         if cuda and levers.vllm_mode == "server":
             est.add("rollout", "vllm", 0, "server mode: the engine runs on GPUs of its own, not the trainer's")
+            need = engine_need(shape, dtype, levers, work)
+            share = levers.vllm_gpu_memory_utilization * hardware.memory_gib * GIB
+            if share < need.total:
+                est.engine_cannot_start = (
+                    f"the server's engine cannot start: its share of each of its GPUs "
+                    f"({levers.vllm_gpu_memory_utilization:g} x {hardware.memory_gib:g} GiB = {share / GIB:.1f} GiB) "
+                    f"is less than its {need.precision} weights ({need.weights / GIB:.1f} GiB), one rollout's KV "
+                    f"cache ({need.kv_cache / GIB:.2f} GiB) and vLLM's overheads ({need.overhead / GIB:.1f} GiB, "
+                    f"assumed): {need.total / GIB:.1f} GiB"
+                )
         elif cuda:
             reserved = levers.vllm_gpu_memory_utilization * hardware.memory_gib * GIB
             need = engine_need(shape, dtype, levers, work)
@@ -281,33 +297,97 @@ def estimate(
         est.add(
             "rollout", "sampling_logits", work.completions * shape.vocab_size * 4, "one position per sequence, fp32"
         )
+    if levers.distributed_type != "no":
+        _per_rank(est, shape, dtype, levers)
     return est
+
+
+def _per_rank(est: Estimate, shape: Shape, dtype: str, levers: Levers) -> None:
+    """The model-state terms of ``est`` as one rank holds them (``rank_model_states``); activations,
+    logits and the engine are per rank already (the workload is one rank's micro-batch)."""
+    states = rank_model_states(shape, dtype, levers)
+    stage, world = ZERO_STAGE[levers.distributed_type], levers.world_size
+    how = f"{levers.distributed_type} over {world} ranks"
+    est.notes.pop("adapters", None)
+    for phase in est.phases:
+        est.phases[phase].pop("adapters", None)
+        est.add(phase, "weights", states.parameters, f"parameters (base and adapters) on this rank: {how}")
+        est.add(phase, "optimizer_state", states.master + states.optimizer, f"fp32 master and optimizer states: {how}")
+        if "reference_model" in est.phases[phase] and stage == 3:
+            est.add(phase, "reference_model", est.phases[phase]["reference_model"] / world, f"partitioned: {how}")
+    est.add(
+        "training", "gradients", states.gradients + states.fp32_gradients, f"gradients and DeepSpeed's fp32 copy: {how}"
+    )
+    est.add("rollout", "freed_gradients", states.gradients, "gradient buffers kept between steps")
+    if stage >= 1:
+        est.add(
+            "training",
+            "optimizer_update",
+            est.phases["training"]["optimizer_update"] / world,
+            f"on the partition: {how}",
+        )
+    if states.gathered:
+        est.add(
+            "training",
+            "gathered_parameters",
+            states.gathered,
+            "the largest layer gathered (4 B/param, DeepSpeed's estimator)",
+        )
+        if not levers.use_vllm and levers.ds3_gather_for_generation:
+            gathered = shape.param_count() * DTYPE_BYTES[dtype]
+            est.add(
+                "rollout",
+                "gathered_for_generation",
+                gathered,
+                "ZeRO-3 gathers the whole model to generate (ds3_gather_for_generation)",
+            )
+    if states.host:
+        est.notes["host_offload"] = f"{states.host / GIB:.1f} GiB of model states per rank in host memory (offload)"
 
 
 # The ZeRO stage each distributed type runs (DDP: none; FSDP2 shards like stage 3).
 ZERO_STAGE = {"no": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp2": 3}
 
 
+def largest_layer_params(shape: Shape) -> int:
+    """The most parameters one module holds (the embedding, or one decoder layer): what ZeRO-3 and
+    FSDP2 gather at once, and what DeepSpeed's estimator takes as ``largest_layer_params``."""
+    h, kv = shape.hidden_size, shape.num_key_value_heads * shape.head_dim
+    layer = 2 * h * h + 2 * h * kv + 3 * h * shape.intermediate_size
+    return max(shape.vocab_size * h, layer)
+
+
 @dataclass(frozen=True)
 class RankModelStates:
-    """Predicted bytes of model state on one rank after an optimizer step (``schema.ModelStates``'s terms)."""
+    """Predicted bytes of model state on one rank's device (``schema.ModelStates``'s terms, and DeepSpeed's
+    fp32 gradient copy); ``gathered`` is the largest layer gathered at once (ZeRO-3, FSDP2), ``host`` what
+    offload keeps in host memory instead."""
 
     parameters: int
     master: int
     optimizer: int
     gradients: int
+    fp32_gradients: int = 0
+    gathered: int = 0
+    host: int = 0
 
     @property
     def total(self) -> int:
+        """The states a rank holds across the step (what it holds after an optimizer step, but for
+        ZeRO-1/2, which free their gradient partition then)."""
         return self.parameters + self.master + self.optimizer + self.gradients
 
 
 def rank_model_states(shape: Shape, dtype: str, levers: Levers) -> RankModelStates:
     """Model states per rank over ``levers.world_size`` ranks, as the ZeRO paper partitions them
-    (Rajbhandari et al. 2020: ZeRO-1 optimizer states, ZeRO-2 + gradients, ZeRO-3 + parameters) and
-    as DeepSpeed allocates them: an fp32 master partition of the trainable parameters beside them, even
-    for fp32 parameters (``clone().float()`` in stage_1_and_2.py and stage3.py), AdamW's two states in
-    fp32 on it. Without DeepSpeed the optimizer keeps its states in the parameters' dtype, no master."""
+    (Rajbhandari et al. 2020: ZeRO-1 optimizer states, ZeRO-2 + gradients, ZeRO-3 + parameters) and as
+    DeepSpeed counts them in its own estimators (``estimate_zero2/3_model_states_mem_needs``: per parameter
+    2 B 16-bit parameters, and of each rank's partition 2 B 16-bit and 4 B fp32 gradients, 4 B fp32
+    master, 8 B AdamW states; ZeRO-3 accumulates gradients in fp32 only; the largest layer gathered at
+    4 B a parameter). DeepSpeed keeps the fp32 master even for fp32 parameters (``clone().float()`` in
+    stage_1_and_2.py and stage3.py). Optimizer offload moves master, states and gradients to the host,
+    parameter offload (ZeRO-3) the parameter partitions too. Without DeepSpeed (DDP, FSDP2) the optimizer
+    keeps its states in the parameters' dtype and there is no master; FSDP2 shards all three."""
     b = DTYPE_BYTES[dtype]
     params = shape.param_count()
     peft = levers.model in ("lora", "qlora")
@@ -317,12 +397,54 @@ def rank_model_states(shape: Shape, dtype: str, levers: Levers) -> RankModelStat
     deepspeed = levers.distributed_type.startswith("zero")
     weights = qlora_weight_bytes(shape, b) if levers.model == "qlora" else params * b
     parameters = weights + (trainable * trainable_bytes if peft else 0)
-    state_bytes = 1 if levers.optim.endswith("8bit") else (4 if deepspeed else trainable_bytes)
-    optimizer = 2 * trainable * state_bytes
-    gradients = trainable * trainable_bytes
+    if stage == 3:
+        parameters /= world
+    states = 1 if levers.optim.endswith("8bit") else (4 if deepspeed else trainable_bytes)
+    optimizer = 2 * trainable * states / (world if stage >= 1 else 1)
+    if deepspeed and stage == 3:
+        gradients = trainable * 4 / world  # fp32 accumulation partition
+    else:
+        gradients = trainable * trainable_bytes / (world if stage >= 2 else 1)
+    master = trainable * 4 / world if deepspeed else 0
+    fp32_gradients = trainable * 4 / world if deepspeed and stage < 3 and trainable_bytes < 4 else 0
+    gathered = 4 * largest_layer_params(shape) if stage == 3 else 0
+    host = 0.0
+    if deepspeed and levers.offload_optimizer_device == "cpu":
+        host += master + optimizer + gradients + fp32_gradients
+        master = optimizer = gradients = fp32_gradients = 0
+    if deepspeed and levers.offload_param_device == "cpu":
+        host, parameters = host + parameters, 0
     return RankModelStates(
-        parameters=int(parameters / world if stage == 3 else parameters),
-        master=int(trainable * 4 / world) if deepspeed else 0,
-        optimizer=int(optimizer / world if stage >= 1 else optimizer),
-        gradients=int(gradients / world if stage >= 2 else gradients),
+        parameters=int(parameters),
+        master=int(master),
+        optimizer=int(optimizer),
+        gradients=int(gradients),
+        fp32_gradients=int(fp32_gradients),
+        gathered=int(gathered),
+        host=int(host),
+    )
+
+
+# GPU counts a size class is sized for: one machine's 1, 2, 4, 8 GPUs, then whole 8-GPU machines.
+GPU_COUNTS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+
+
+def on_gpus(levers: Levers, count: int) -> Levers:
+    """``levers`` over ``count`` GPUs: up to 8 ranks a machine; many ranks with no distributed type
+    given run ZeRO-3 (TRL's recipe for large models); a colocated engine split over a machine's ranks
+    (tensor parallel), as TRL's ``vllm_tensor_parallel_size`` does."""
+    machines = max(1, count // 8)
+    ranks = count // machines
+    kind = levers.distributed_type if count == 1 or levers.distributed_type != "no" else "zero3"
+    tp = (
+        ranks
+        if levers.use_vllm and levers.vllm_mode == "colocate" and levers.vllm_tensor_parallel_size == 1
+        else levers.vllm_tensor_parallel_size
+    )
+    return replace(
+        levers,
+        num_processes=ranks,
+        num_machines=machines,
+        distributed_type="no" if count == 1 else kind,
+        vllm_tensor_parallel_size=tp if ranks % tp == 0 else 1,
     )

@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
-from benchmarks.model.estimate import GIB, Workload, engine_need, estimate
+from benchmarks.model.estimate import GIB, GPU_COUNTS, Workload, engine_need, estimate, on_gpus
 from benchmarks.report import frames
 from benchmarks.report.validation import validate
 from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile, load_results
@@ -88,16 +88,22 @@ def _vllm_share(levers: Levers, shape_name: str, hardware: Hardware) -> Levers:
     return replace(levers, vllm_gpu_memory_utilization=min(0.95, 1.1 * need / (hardware.memory_gib * GIB)))
 
 
-def predicted_cell(shape_name: str, hardware: Hardware) -> tuple[str, float] | None:
-    """The first lever set of LADDER whose predicted peak fits ``hardware``, with that peak."""
+def predicted_cell(shape_name: str, hardware: Hardware) -> tuple[int, str, float] | None:
+    """The fewest GPUs of ``hardware`` (``GPU_COUNTS``: 1, 2, 4, 8, then 8-GPU machines) and the first
+    lever set of LADDER on them whose predicted peak per GPU fits, with that peak; many GPUs run ZeRO-3
+    with the colocated engine split over each machine's ranks (``on_gpus``). A CPU is one machine."""
     shape = load_shapes()[shape_name]
-    for label, change in LADDER:
-        if hardware.size_class == "cpu" and (change.get("model") == "qlora" or change.get("vllm_enable_sleep_mode")):
-            continue  # 4-bit bitsandbytes and vLLM sleep mode need CUDA
-        levers = _vllm_share(replace(SIZING_BASE, **change), shape_name, hardware)
-        predicted = estimate(shape, SIZING_DTYPE, levers, SIZING_WORKLOAD, hardware)
-        if predicted.fits(hardware.memory_gib * GIB):
-            return label, predicted.peak
+    counts = (1,) if hardware.size_class == "cpu" else GPU_COUNTS
+    for count in counts:
+        for label, change in LADDER:
+            if hardware.size_class == "cpu" and (
+                change.get("model") == "qlora" or change.get("vllm_enable_sleep_mode")
+            ):
+                continue  # 4-bit bitsandbytes and vLLM sleep mode need CUDA
+            levers = _vllm_share(on_gpus(replace(SIZING_BASE, **change), count), shape_name, hardware)
+            predicted = estimate(shape, SIZING_DTYPE, levers, SIZING_WORKLOAD, hardware)
+            if predicted.fits(hardware.memory_gib * GIB):
+                return count, label + (", ZeRO-3" if count > 1 else ""), predicted.peak
     return None
 
 
@@ -160,6 +166,7 @@ def sizing_table(results: list[Result]) -> str:
     for size in sizes:
         for size_class in classes:
             _, hardware = _hardware_for(size_class, catalog)
+            count, name = 1, CLASS_NAMES.get(size_class, size_class)
             if (size, size_class) in measured:
                 text = measured[(size, size_class)]
                 fits = text.startswith("fits")
@@ -168,18 +175,25 @@ def sizing_table(results: list[Result]) -> str:
             else:
                 cell = predicted_cell(size, hardware)
                 fits = cell is not None
-                text = f"{cell[0]} ({cell[1] / GIB:.0f} GiB; predicted)" if cell else "does not fit (predicted)"
-            cells.append({"size": size, "class": size_class, "text": text, "fits": fits})
+                if cell and size_class == "cpu":
+                    count, label, peak = cell
+                    text = f"{label} ({peak / GIB:.0f} GiB; predicted)"
+                elif cell:
+                    count, label, peak = cell
+                    text = f"{count} x {name}: {label} ({peak / GIB:.0f} GiB per GPU; predicted)"
+                elif size_class == "cpu":
+                    text = "does not fit (predicted)"
+                else:
+                    text = f"does not fit {GPU_COUNTS[-1]} GPUs at this workload per GPU (predicted)"
+            named = text if text.startswith(f"{count} x {name}") else f"{name}: {text}"
+            cells.append({"size": size, "class": size_class, "text": text, "fits": fits, "gpus": count, "named": named})
     frame = pd.DataFrame(cells)
     columns = {c: f"{CLASS_NAMES.get(c, c)} ({_hardware_for(c, catalog)[1].memory_gib:g} GiB)" for c in classes}
     table = frame.pivot(index="size", columns="class", values="text").reindex(index=sizes, columns=classes)
-    gpu_fits = frame[frame.fits & (frame["class"] != "cpu")].drop_duplicates("size").set_index("size")
-    smallest = [
-        f"{CLASS_NAMES.get(gpu_fits.at[s, 'class'], gpu_fits.at[s, 'class'])}: {gpu_fits.at[s, 'text']}"
-        if s in gpu_fits.index
-        else "none of these classes"
-        for s in sizes
-    ]
+    gpu_fits = (  # the fewest GPUs, then the smallest class (the classes are in order of memory)
+        frame[frame.fits & (frame["class"] != "cpu")].sort_values("gpus", kind="stable").drop_duplicates("size")
+    ).set_index("size")
+    smallest = [gpu_fits.at[s, "named"] if s in gpu_fits.index else "none of these classes" for s in sizes]
     table.insert(0, "Feasible with (smallest class that fits)", smallest)
     table.insert(0, "The seed says", [SEED_SAYS.get(s, "(not in its table)") for s in sizes])
     table.insert(0, "Size class", [f"{s} ({shapes[s].param_count() / 1e9:.1f}B)" for s in sizes])
@@ -190,8 +204,12 @@ def sizing_table(results: list[Result]) -> str:
         f"{SIZING_WORKLOAD.prompt_tokens}-token prompts, {SIZING_DTYPE}, a reference model (beta 0.04) and a "
         "colocated vLLM engine sized to the rollout (the seed's three-way residency); the first lever set that "
         "fits, in the order: " + "; ".join(label for label, _ in LADDER) + ".",
-        "The smallest class that fits is the smallest GPU class; the CPU column skips QLoRA and vLLM sleep mode "
-        "(both need CUDA).",
+        "Each cell is the fewest GPUs of its class that fit (1, 2, 4, 8, then 8-GPU machines: "
+        f"{', '.join(map(str, GPU_COUNTS))}), then the lightest lever set; on many GPUs the model states are "
+        "partitioned with DeepSpeed ZeRO-3 (per GPU as DeepSpeed's own estimator counts them) and the colocated "
+        "engine is split over each machine's GPUs by tensor parallelism. The smallest class that fits is the one "
+        "needing the fewest GPUs, the smaller on a tie; the CPU column is one machine and skips QLoRA and vLLM "
+        "sleep mode (both need CUDA).",
         "Measured cells: the lightest configuration that ran within the budget in the newest full (not --quick) "
         "GRPO result file of that class and size class; its own workload and levers, as its file says.",
     ]

@@ -1,0 +1,97 @@
+"""The analytic model over many GPUs: per-rank model states against DeepSpeed's own estimators, and
+`estimate` answering how many GPUs a size class needs."""
+
+import dataclasses
+
+import pytest
+
+from benchmarks.catalog.profiles import Levers, load_shapes
+from benchmarks.cli import main
+from benchmarks.model.estimate import GIB, largest_layer_params, on_gpus, rank_model_states
+
+SHAPES = ("0.5b", "7b", "14b", "32b", "70b", "72b")
+
+
+@pytest.mark.parametrize("name", SHAPES)
+@pytest.mark.parametrize("gpus, machines", [(1, 1), (2, 1), (8, 1), (8, 4)])
+def test_per_rank_model_states_agree_with_deepspeed_s_estimators(name, gpus, machines):
+    stage_1_and_2 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
+    stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+    shape = load_shapes()[name]
+    total, largest = shape.param_count(), largest_layer_params(shape)
+    ranks = {"num_processes": gpus, "num_machines": machines}
+    for offload in (False, True):
+        device = "cpu" if offload else "none"
+        zero2 = rank_model_states(
+            shape, "bfloat16", Levers(distributed_type="zero2", offload_optimizer_device=device, **ranks)
+        )
+        _, expected = stage_1_and_2.estimate_zero2_model_states_mem_needs(
+            total, num_gpus_per_node=gpus, num_nodes=machines, cpu_offload=offload
+        )
+        assert zero2.total + zero2.fp32_gradients == pytest.approx(expected, rel=0.05), ("zero2", offload)
+        zero3 = rank_model_states(
+            shape,
+            "bfloat16",
+            Levers(distributed_type="zero3", offload_optimizer_device=device, offload_param_device=device, **ranks),
+        )
+        _, expected, _ = stage3.estimate_zero3_model_states_mem_needs(
+            total, largest, num_gpus_per_node=gpus, num_nodes=machines, cpu_offload=offload, cpu_offload_params=offload
+        )
+        assert zero3.total + zero3.gathered == pytest.approx(expected, rel=0.05), ("zero3", offload)
+
+
+def test_each_zero_stage_holds_less_per_rank_and_more_ranks_hold_less():
+    shape = load_shapes()["32b"]
+
+    def held(kind: str, gpus: int) -> int:
+        states = rank_model_states(shape, "bfloat16", Levers(distributed_type=kind, num_processes=gpus))
+        return states.total + states.fp32_gradients
+
+    for gpus in (2, 8):  # DeepSpeed's mixed precision: 16-bit weights over an fp32 master
+        assert held("zero1", gpus) > held("zero2", gpus) > held("zero3", gpus)
+    # DDP of a bf16 model keeps AdamW's states in bf16 and no master: 8 B/param, which ZeRO-3 passes at 3 ranks
+    assert held("ddp", 2) < held("zero3", 2) and held("ddp", 4) > held("zero3", 4)
+    assert held("zero3", 2) > held("zero3", 4) > held("zero3", 8)
+    assert held("ddp", 2) == held("ddp", 8)  # DDP replicates everything
+    lora = rank_model_states(shape, "bfloat16", Levers(distributed_type="zero3", num_processes=8, model="lora"))
+    assert lora.total < held("zero3", 8) / 4  # adapters' states only, the base partitioned
+
+
+def test_on_gpus_fills_machines_of_eight_and_splits_the_colocated_engine_over_them():
+    levers = on_gpus(Levers(use_vllm=True), 32)
+    assert (levers.num_processes, levers.num_machines, levers.distributed_type) == (8, 4, "zero3")
+    assert levers.vllm_tensor_parallel_size == 8 and levers.world_size == 32
+    assert on_gpus(Levers(distributed_type="zero2"), 4).distributed_type == "zero2"
+    assert dataclasses.astuple(on_gpus(Levers(), 1)) == dataclasses.astuple(Levers())
+
+
+def test_estimate_answers_how_many_gpus_a_size_class_needs(capsys):
+    levers = "model=lora,gradient_checkpointing=true,use_vllm=true,vllm_enable_sleep_mode=true"
+    assert main(["estimate", "--shape", "72b", "--hardware", "h100", "--levers", levers]) == 0
+    single = capsys.readouterr().out
+    assert "on 1 x NVIDIA H100" in single and "does NOT fit" in single
+    assert "x NVIDIA H100 SXM would hold it (zero3; see --min-gpus)" in single
+    assert main(["estimate", "--shape", "72b", "--hardware", "h100", "--levers", levers, "--min-gpus"]) == 0
+    out = capsys.readouterr().out
+    count = int(out.split(" x NVIDIA")[0].rsplit(" ", 1)[-1])
+    assert count > 1 and "fits 79.65 GiB" in out and f"{count} ranks" in out
+    # one statement of the workload, from the levers themselves
+    assert "per rank: 8 completions a step (1 prompt(s) x num_generations=8) of 256 prompt + 1024 completion" in out
+
+
+def test_estimate_states_the_workload_the_levers_give(capsys):
+    levers = "num_generations=4,per_device_train_batch_size=8,max_completion_length=32"
+    assert main(["estimate", "--shape", "0.5b", "--hardware", "h100", "--levers", levers]) == 0
+    out = capsys.readouterr().out
+    assert "per rank: 8 completions a step (2 prompt(s) x num_generations=4) of 256 prompt + 32 completion" in out
+    assert "Levers(" in out and "max_completion_length=32" in out
+
+
+def test_a_zero3_rank_of_a_large_model_holds_a_fraction_of_one_gpu_s_states():
+    shape = load_shapes()["70b"]
+    one = rank_model_states(shape, "bfloat16", Levers())
+    eight = rank_model_states(shape, "bfloat16", Levers(distributed_type="zero3", num_processes=8))
+    params = shape.param_count()
+    assert one.total == pytest.approx(8 * params, rel=0.01)  # bf16 weights, gradients and AdamW states
+    assert eight.total == pytest.approx(18 * params / 8, rel=0.01)  # DeepSpeed: 18 B/param over the ranks
+    assert eight.total / GIB < 160 < one.total / GIB
