@@ -7,7 +7,8 @@ import json
 import pytest
 
 from benchmarks import REPO
-from benchmarks.catalog.profiles import Levers
+from benchmarks.catalog import profiles
+from benchmarks.catalog.profiles import Levers, load_shapes
 from benchmarks.cli import main
 from benchmarks.model.estimate import GIB
 from benchmarks.report import compare, frames, tables
@@ -307,7 +308,6 @@ def test_estimate_never_fits_an_engine_that_cannot_hold_its_weights(capsys):
 
 
 def test_a_qlora_engine_is_sized_in_4_bit_as_trl_starts_it():
-    from benchmarks.catalog.profiles import load_shapes
     from benchmarks.model.estimate import Workload, engine_need
 
     shape, work = load_shapes()["70b"], Workload(8, 256, 1024)
@@ -408,3 +408,16 @@ def test_the_committed_many_ranks_run_shows_per_rank_model_states_falling_as_zer
             assert total < 0.7 * alone, (name, rank)  # 16 B/param alone; 10 B/param of each rank at 2 ranks
     zero3 = newest[newest.configuration.str.contains("zero3")]
     assert (zero3.held_parameter_fraction == 0.5).all() and (zero3.zero_stage == 3).all()
+
+
+def test_the_model_table_scores_runs_of_many_ranks_apart_as_held_out():
+    from benchmarks.report.validation import validate
+
+    cited = tables.headline(schema.load_results(REPO / "results" / "runs"))
+    found = frames.checks(validate(cited, load_shapes(), profiles.load_hardware()))
+    held_out = found[found.held_out]
+    assert set(held_out.file) == {r.path for r in cited if r.kind == "distributed"}
+    assert not found[~found.held_out].file.str.contains("distributed").any()
+    text, fitted_median = tables.model_table(cited)
+    assert "fitted configurations: " in text and "held out configurations: " in text
+    assert fitted_median == float(found[(found.phase == "training") & ~found.held_out].error.abs().median())

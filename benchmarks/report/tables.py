@@ -357,13 +357,16 @@ def rewards_table(results: list[Result]) -> str:
 
 
 def model_table(results: list[Result]) -> tuple[str, float | None]:
-    """Predicted against measured per phase for every configuration that ran; the median absolute
-    error of the training-phase peak (target: at most 10%)."""
+    """Predicted against measured per phase for every configuration that ran, the configurations the
+    model's constants were fitted on apart from those held out; the median absolute error of the
+    training-phase peak of each set (target: at most 10%, and none off by more than 25%). Returns the
+    fitted set's median."""
     found = frames.checks(validate([r for r in results if not r.quick], load_shapes(), load_hardware()))
     if found.empty:
         return "No GRPO result yet.\n", None
     table = pd.DataFrame(
         {
+            "set": found.held_out.map({False: "fitted", True: "held out"}),
             "file": found.file,
             "configuration": found.configuration,
             "phase": found.phase,
@@ -372,16 +375,28 @@ def model_table(results: list[Result]) -> tuple[str, float | None]:
             "error": found.error.map(lambda e: f"{e:+.0%}"),
         }
     )
-    training = found[found.phase == "training"].error.abs()
-    median = float(training.median()) if len(training) else None
-    verdict = "met" if median is not None and median <= 0.10 else "MISSED"
-    lines = [
-        frames.markdown(table, numeric=("predicted GiB", "measured GiB", "error")),
+    lines = [frames.markdown(table, numeric=("predicted GiB", "measured GiB", "error")), ""]
+    medians = {}
+    for held_out, name in ((False, "fitted"), (True, "held out")):
+        training = found[(found.phase == "training") & (found.held_out == held_out)].error.abs()
+        if training.empty:
+            continue
+        medians[held_out] = median = float(training.median())
+        worst = float(training.max())
+        verdict = "met" if median <= 0.10 and worst <= 0.25 else "MISSED"
+        lines.append(
+            f"Median absolute error of the training-phase peak, {name} configurations: {median:.1%} over "
+            f"{len(training)} (worst {worst:.0%}; target: median at most 10%, none past 25%: {verdict})."
+        )
+    lines += [
         "",
-        f"Median absolute error of the training-phase peak: {median:.1%} over {len(training)} configurations "
-        f"(target: at most 10%: {verdict}).",
+        "Fitted: the cpu profile's one-device GRPO runs (the CPU runtime, 0.8 GiB, is their setup-phase RSS) and "
+        "the context probes (the PEFT bf16 generate transient). Held out: runs of many ranks, predicted per rank "
+        "(the largest rank's peak). Known miss: on a CPU a DeepSpeed rank's RSS peak sits ~3-5 GiB above its model "
+        "states and its micro-batch (live tensors after the step are exactly the model states; the rest is "
+        "ZeRO's transient gathers and gradients and the heap glibc keeps), which the model has no term for.",
     ]
-    return "\n".join(lines + _context_probe_errors(results)) + "\n", median
+    return "\n".join(lines + _context_probe_errors(results)) + "\n", medians.get(False)
 
 
 def distributed_table(results: list[Result]) -> str:
@@ -539,4 +554,7 @@ def rewrite_document(path: Path, tables: dict[str, str], verified: str) -> list[
 def print_model_error(results_dir: Path, every_run: bool = False) -> None:
     _, median = model_table(headline(load_results(results_dir), every_run))
     if median is not None:
-        print(f"analytic model, training-phase peak: median absolute error {median:.1%} (target <= 10%)")
+        print(
+            f"analytic model, training-phase peak: median absolute error {median:.1%} over the configurations it "
+            "was fitted on (target <= 10%; held-out ones in model.md)"
+        )
