@@ -3,7 +3,7 @@
 import pytest
 
 from benchmarks.catalog.profiles import load_shapes
-from benchmarks.model.bandwidth import decode_step_bytes, kv_bytes_per_token, rollout_seconds
+from benchmarks.model.bandwidth import decode_step_bytes, experts_read, kv_bytes_per_token, rollout_seconds
 from benchmarks.run.probe import ceiling, probe
 
 
@@ -150,3 +150,23 @@ def test_a_file_that_is_not_a_decode_result_is_named_in_the_error(tmp_path):
     path.write_text('{"kind": "decode", "schema_version": 2, "started": "x", "profile": {"hardware": "cpu"}, "ceil')
     with pytest.raises(ValueError, match=r"old-decode.json: not JSON"):  # truncated
         write_decode_report(path)
+
+
+def test_a_moe_decode_step_reads_its_attention_and_only_the_experts_its_batch_routes_to():
+    shape = load_shapes()["qwen3-30b-a3b"]
+    assert round(shape.param_count() / 1e9, 1) == 30.5 and round(shape.active_param_count() / 1e9, 1) == 3.4
+    one = decode_step_bytes(shape, dtype_bytes=2, batch=1, context=0)
+    input_table = shape.vocab_size * shape.hidden_size
+    assert one.weights == pytest.approx((shape.active_param_count() - input_table) * 2, rel=1e-6)  # 8 experts
+    assert experts_read(shape, 1) == pytest.approx(8) and 120 < experts_read(shape, 64) < 128
+    many = decode_step_bytes(shape, dtype_bytes=2, batch=64, context=0)
+    assert one.weights < many.weights < (shape.param_count() - input_table) * 2  # never more than resident
+    dense = load_shapes()["32b"]
+    assert experts_read(shape, 64) > 100 and decode_step_bytes(dense, 2, 1, 0).weights > many.weights
+
+
+def test_an_fp8_kv_cache_halves_the_cache_bytes_and_leaves_the_weights():
+    shape = load_shapes()["8b"]
+    bf16, fp8_kv = decode_step_bytes(shape, 2, 8, 4096), decode_step_bytes(shape, 2, 8, 4096, kv_dtype_bytes=1)
+    assert fp8_kv.weights == bf16.weights and fp8_kv.kv_read * 2 == bf16.kv_read
+    assert rollout_seconds(shape, 2, 8, 256, 512, 180, kv_dtype_bytes=1) < rollout_seconds(shape, 2, 8, 256, 512, 180)

@@ -95,3 +95,17 @@ def test_a_zero3_rank_of_a_large_model_holds_a_fraction_of_one_gpu_s_states():
     assert one.total == pytest.approx(8 * params, rel=0.01)  # bf16 weights, gradients and AdamW states
     assert eight.total == pytest.approx(18 * params / 8, rel=0.01)  # DeepSpeed: 18 B/param over the ranks
     assert eight.total / GIB < 160 < one.total / GIB
+
+
+def test_a_moe_keeps_every_expert_resident_but_runs_few_per_token():
+    from benchmarks.model.estimate import layer_activation_bytes, lora_params, qlora_weight_bytes
+
+    moe, dense = load_shapes()["qwen3-30b-a3b"], load_shapes()["32b"]
+    states = rank_model_states(moe, "bfloat16", Levers())
+    assert states.parameters == moe.param_count() * 2  # all 128 experts in memory
+    assert layer_activation_bytes(moe, 2, lora=False) < layer_activation_bytes(dense, 2, lora=False)
+    # LoRA "all-linear" reaches a MoE's attention only: its experts are 3-D tensors, not linears
+    assert lora_params(moe, 16) == 48 * 16 * (2048 + 4096 + 2 * (2048 + 512) + 4096 + 2048)
+    # bitsandbytes quantizes linears: the experts stay 16-bit, most of the model
+    assert qlora_weight_bytes(moe, 2) > 0.8 * moe.param_count() * 2
+    assert largest_layer_params(moe) == 128 * 3 * 2048 * 768  # one layer's experts, one module

@@ -32,13 +32,30 @@ def kv_bytes_per_token(shape: Shape, dtype_bytes: float) -> float:
     return 2 * shape.num_hidden_layers * shape.num_key_value_heads * shape.head_dim * dtype_bytes
 
 
-def decode_step_bytes(shape: Shape, dtype_bytes: float, batch: int, context: int) -> DecodeBytes:
-    """The bytes of one decode step: weights in ``dtype_bytes`` per parameter (0.516 for NF4
-    with double quantization), KV cache in ``dtype_bytes`` per element."""
-    streamed = shape.param_count()
+def experts_read(shape: Shape, batch: int) -> float:
+    """Distinct experts per layer that a decode step of ``batch`` tokens reads, each token picking
+    num_experts_per_tok of num_experts: E x (1 - (1 - k/E)^batch) with uniform routing, the most a
+    batch can touch on average (skewed routing touches fewer)."""
+    experts, k = shape.num_experts, shape.num_experts_per_tok
+    return experts * (1 - (1 - k / experts) ** batch)
+
+
+def decode_step_bytes(
+    shape: Shape, dtype_bytes: float, batch: int, context: int, kv_dtype_bytes: float | None = None
+) -> DecodeBytes:
+    """The bytes of one decode step: weights in ``dtype_bytes`` per parameter (0.516 for NF4 with double
+    quantization, 1 for FP8), the KV cache in ``kv_dtype_bytes`` per element (default: the weights'; 1 for
+    an FP8 KV cache). A MoE streams its attention, routers and only the experts the batch reads
+    (``experts_read``); every expert stays resident all the same."""
+    if shape.moe:
+        streamed = (
+            shape.param_count(experts=0) + shape.num_hidden_layers * experts_read(shape, batch) * shape.expert_params()
+        )
+    else:
+        streamed = shape.param_count()
     if not shape.tie_word_embeddings:  # the untied input table is looked up, not streamed
         streamed -= shape.vocab_size * shape.hidden_size
-    per_token = kv_bytes_per_token(shape, dtype_bytes)
+    per_token = kv_bytes_per_token(shape, dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes)
     return DecodeBytes(
         weights=round(streamed * dtype_bytes),
         kv_read=round(batch * context * per_token),
@@ -47,14 +64,21 @@ def decode_step_bytes(shape: Shape, dtype_bytes: float, batch: int, context: int
 
 
 def rollout_seconds(
-    shape: Shape, dtype_bytes: float, sequences: int, prompt_tokens: int, completion_tokens: int, gb_per_s: float
+    shape: Shape,
+    dtype_bytes: float,
+    sequences: int,
+    prompt_tokens: int,
+    completion_tokens: int,
+    gb_per_s: float,
+    kv_dtype_bytes: float | None = None,
 ) -> float:
     """Decode time of one GRPO rollout (``sequences`` = prompts x num_generations, decoded
     together) if every step ran at ``gb_per_s``: bandwidth-bound decode only, prefill apart.
     Step ``s`` reads a cache of ``prompt_tokens + s`` tokens per sequence."""
-    first = decode_step_bytes(shape, dtype_bytes, sequences, prompt_tokens)
+    first = decode_step_bytes(shape, dtype_bytes, sequences, prompt_tokens, kv_dtype_bytes)
     steps = completion_tokens
-    growing_cache = sequences * kv_bytes_per_token(shape, dtype_bytes) * steps * (steps - 1) / 2
+    kv = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+    growing_cache = sequences * kv_bytes_per_token(shape, kv) * steps * (steps - 1) / 2
     return (steps * first.total + growing_cache) / (gb_per_s * 1e9)
 
 

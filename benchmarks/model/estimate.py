@@ -126,16 +126,23 @@ def engine_need(shape: Shape, dtype: str, levers: Levers, work: Workload) -> Eng
 
 
 def qlora_weight_bytes(shape: Shape, b: int) -> float:
-    embedding = shape.vocab_size * shape.hidden_size
-    return (shape.param_count() - embedding) * NF4_BYTES_PER_PARAM + embedding * b
+    """A 4-bit base: bitsandbytes quantizes linears; the embedding, and a MoE's experts (3-D tensors in
+    transformers 5, not linears), stay 16-bit."""
+    kept = shape.vocab_size * shape.hidden_size
+    if shape.moe:
+        kept += shape.num_hidden_layers * shape.num_experts * shape.expert_params()
+    return (shape.param_count() - kept) * NF4_BYTES_PER_PARAM + kept * b
 
 
 def lora_params(shape: Shape, rank: int) -> int:
-    """Adapter parameters of LoRA on every linear of every layer: r x (in + out) each."""
-    h, f, kv = shape.hidden_size, shape.intermediate_size, shape.num_key_value_heads * shape.head_dim
-    in_out = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h)}
-    in_out |= {"gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
-    return shape.num_hidden_layers * sum(rank * (i + o) for i, o in (in_out[name] for name in LORA_TARGETS))
+    """Adapter parameters of LoRA on every linear of every layer: r x (in + out) each. A MoE's experts
+    are 3-D tensors in transformers 5, not linears: "all-linear" adapts its attention only."""
+    h, f = shape.hidden_size, shape.intermediate_size
+    q, kv = shape.num_attention_heads * shape.head_dim, shape.num_key_value_heads * shape.head_dim
+    in_out = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+    if not shape.moe:
+        in_out |= {"gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+    return shape.num_hidden_layers * sum(rank * (i + o) for name, (i, o) in in_out.items() if name in LORA_TARGETS)
 
 
 def layer_activation_bytes(shape: Shape, act_bytes: int, lora: bool) -> int:
@@ -146,11 +153,12 @@ def layer_activation_bytes(shape: Shape, act_bytes: int, lora: bool) -> int:
     RMSNorms upcast to fp32 (input and normalised copy). LoRA with fp32 adapters over a 16-bit
     base (PEFT's default) casts each adapted linear's input to fp32: q/k/v, o, gate/up and down.
     """
-    h, f, kv = shape.hidden_size, shape.intermediate_size, shape.num_key_value_heads * shape.head_dim
-    elements = (5 * h + 4 * kv) + 4 * f
+    h, f, kv = shape.hidden_size, shape.mlp_width, shape.num_key_value_heads * shape.head_dim
+    q = shape.num_attention_heads * shape.head_dim
+    elements = (5 * q + 4 * kv) + 4 * f  # a MoE token runs through num_experts_per_tok experts
     total = elements * act_bytes + 2 * 2 * h * 4
     if lora and act_bytes < 4:
-        total += (3 * h + h + 2 * h + f) * 4
+        total += (3 * h + q + (0 if shape.moe else 2 * h + f)) * 4
     return total
 
 
@@ -350,11 +358,13 @@ ZERO_STAGE = {"no": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp2": 3}
 
 
 def largest_layer_params(shape: Shape) -> int:
-    """The most parameters one module holds (the embedding, or one decoder layer): what ZeRO-3 and
-    FSDP2 gather at once, and what DeepSpeed's estimator takes as ``largest_layer_params``."""
-    h, kv = shape.hidden_size, shape.num_key_value_heads * shape.head_dim
-    layer = 2 * h * h + 2 * h * kv + 3 * h * shape.intermediate_size
-    return max(shape.vocab_size * h, layer)
+    """The most parameters one module holds of its own: what ZeRO-3 and FSDP2 gather at once, and what
+    DeepSpeed's estimator takes as ``largest_layer_params`` (``estimate_zero3_model_states_mem_needs_all_live``
+    takes the largest module's own parameters): the embedding, a dense MLP's widest linear, or a MoE's
+    experts, which transformers 5 holds as one module of 3-D tensors."""
+    h = shape.hidden_size
+    within = shape.num_experts * shape.expert_params() if shape.moe else h * shape.intermediate_size
+    return max(shape.vocab_size * h, within)
 
 
 @dataclass(frozen=True)

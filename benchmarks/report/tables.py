@@ -27,10 +27,11 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
-from benchmarks.model.estimate import GIB, GPU_COUNTS, Workload, engine_need, estimate, on_gpus
+from benchmarks.model.bandwidth import decode_step_bytes, experts_read, rollout_seconds
+from benchmarks.model.estimate import GIB, GPU_COUNTS, NF4_BYTES_PER_PARAM, Workload, engine_need, estimate, on_gpus
 from benchmarks.report import frames
 from benchmarks.report.validation import validate
-from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile, load_results
+from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile, RolloutShape, load_results
 from benchmarks.run import context
 
 TABLES = ("sizing", "decode", "context", "rewards", "model", "distributed")
@@ -263,7 +264,65 @@ def decode_table(results: list[Result]) -> str:
             )
     columns = ["machine", "file", "engine", "context", "GB/s", "of ceiling"]
     lines.append(frames.markdown(pd.DataFrame(measured, columns=columns), numeric=("context", "GB/s", "of ceiling")))
+    lines += ["", *precision_rows(rollout)]
     return "\n".join(lines) + "\n"
+
+
+# Precisions of the engine's weights and KV cache (bytes per element), for dense and MoE shapes.
+PRECISIONS = (
+    ("bf16", 2.0, 2.0),
+    ("FP8 weights", 1.0, 2.0),
+    ("FP8 weights and KV cache", 1.0, 1.0),
+    ("4-bit NF4 weights", NF4_BYTES_PER_PARAM, 2.0),
+)
+PRECISION_SHAPES = ("8b", "70b", "qwen3-30b-a3b", "gpt-oss-20b")
+PRECISION_BANDWIDTHS = (("rtx4090", "spec"), ("h200", "spec"), ("b200", "spec"), ("spark", "sustained budget"))
+
+
+def precision_rows(rollout: RolloutShape) -> list[str]:
+    """Rollout seconds of the same GRPO step by the engine's precision, dense against MoE shapes (all of a
+    MoE's experts resident, only those its batch routes to read), at the spec or budget bandwidths."""
+    shapes, catalog = load_shapes(), load_hardware()
+    rows = []
+    for name in PRECISION_SHAPES:
+        shape = shapes[name]
+        for label, weight_bytes, kv_bytes in PRECISIONS:
+            step = decode_step_bytes(shape, weight_bytes, rollout.sequences, rollout.prompt_tokens, kv_bytes)
+            row = {
+                "size class": name,
+                "precision": label,
+                "resident GiB": f"{shape.param_count() * weight_bytes / GIB:.1f}",
+                "weights read a step GiB": f"{step.weights / GIB:.1f}",
+                "experts read a step": (
+                    f"{experts_read(shape, rollout.sequences):.0f} of {shape.num_experts}" if shape.moe else "dense"
+                ),
+            }
+            for hardware, basis in PRECISION_BANDWIDTHS:
+                entry = catalog[hardware]
+                gb_s = entry.spec_bandwidth_gb_s if basis == "spec" else entry.sustained_bandwidth_gb_s[0]
+                seconds = rollout_seconds(
+                    shape,
+                    weight_bytes,
+                    rollout.sequences,
+                    rollout.prompt_tokens,
+                    rollout.completion_tokens,
+                    gb_s,
+                    kv_bytes,
+                )
+                row[f"{hardware} ({basis}, {gb_s:g} GB/s)"] = f"{seconds:,.1f}"
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    return [
+        f"By precision, dense and MoE (predicted, the same {rollout.sequences} x {rollout.completion_tokens}-token "
+        "rollout; rollout seconds at each bandwidth): weights and KV cache in the stated bytes per element; a MoE "
+        "keeps every expert resident and reads, each decode step, its attention, routers and the experts the "
+        "batch routes to (uniform routing: the most a batch touches on average).",
+        "",
+        frames.markdown(
+            frame,
+            numeric=tuple(c for c in frame.columns if c not in ("size class", "precision", "experts read a step")),
+        ),
+    ]
 
 
 def context_table(results: list[Result]) -> str:

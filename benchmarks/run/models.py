@@ -25,7 +25,12 @@ from benchmarks.catalog.shapes import Shape
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, EOS, UNK)
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+}
 
 
 def hf_config(shape: Shape, dtype: str) -> Any:
@@ -33,6 +38,10 @@ def hf_config(shape: Shape, dtype: str) -> Any:
     from transformers import AutoConfig
 
     fields = {k: v for k, v in asdict(shape).items() if k not in ("architecture", "source")}
+    if not shape.moe:  # a dense config carries no expert fields
+        fields = {
+            k: v for k, v in fields.items() if k not in ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+        }
     return AutoConfig.for_model(
         shape.architecture,
         **fields,
