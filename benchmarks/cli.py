@@ -166,7 +166,7 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     capacity = hardware.memory_gib * estimate.GIB
 
     def predict(levers: profiles.Levers) -> estimate.Estimate:
-        work = estimate.Workload(levers.per_device_train_batch_size, args.prompt_tokens, levers.max_completion_length)
+        work = estimate.Workload.of(levers, args.prompt_tokens)
         return estimate.estimate(shape, args.dtype, levers, work, hardware, args.logits)
 
     def smallest(levers: profiles.Levers, counts: tuple[int, ...]) -> profiles.Levers | None:
@@ -210,7 +210,7 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         + (f"; the smallest GPU count of {estimate.GPU_COUNTS} that fits" if args.min_gpus else "")
     )
     if est.engine_cannot_start:
-        work = estimate.Workload(levers.per_device_train_batch_size, args.prompt_tokens, levers.max_completion_length)
+        work = estimate.Workload.of(levers, args.prompt_tokens)
         need = estimate.engine_need(shape, args.dtype, levers, work)
         share = need.total / capacity
         hold = f"; vllm_gpu_memory_utilization >= {share:.2f} would hold it" if share <= 1 else ""

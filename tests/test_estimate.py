@@ -109,3 +109,16 @@ def test_a_moe_keeps_every_expert_resident_but_runs_few_per_token():
     # bitsandbytes quantizes linears: the experts stay 16-bit, most of the model
     assert qlora_weight_bytes(moe, 2) > 0.8 * moe.param_count() * 2
     assert largest_layer_params(moe) == 128 * 3 * 2048 * 768  # one layer's experts, one module
+
+
+def test_gradient_accumulation_grows_the_rollout_not_the_micro_batch():
+    from benchmarks.catalog.profiles import load_hardware
+    from benchmarks.model.estimate import Workload, estimate
+
+    shape, h100 = load_shapes()["7b"], load_hardware()["h100"]
+    one = Levers(num_generations=8, per_device_train_batch_size=8, max_completion_length=512)
+    four = dataclasses.replace(one, gradient_accumulation_steps=4)
+    assert Workload.of(four, 256).rollout_sequences == 32 and Workload.of(four, 256).completions == 8
+    single, accumulated = (estimate(shape, "bfloat16", lv, Workload.of(lv, 256), h100) for lv in (one, four))
+    assert accumulated.phases["rollout"]["kv_cache"] == 4 * single.phases["rollout"]["kv_cache"]
+    assert accumulated.phases["training"]["activations"] == single.phases["training"]["activations"]

@@ -139,3 +139,10 @@ def test_a_worker_does_not_outlive_its_harness(tmp_path):
         os.kill(int(pid), signal.SIGKILL)
     assert (tmp_path / "started").exists(), "the worker never started"
     assert not left, "the worker kept running after its harness ended"
+
+
+def test_gradient_accumulation_runs_its_micro_batches_in_one_step(model_dirs, tmp_path):
+    record = run(model_dirs, tmp_path, gradient_accumulation_steps=2)
+    step = record.steps[-1]
+    assert step.completion_tokens == 2 * 4 * 16  # two micro-batches of 4 completions in one optimizer step
+    assert step.phase_s["forward_backward"] > 0 and step.phase_s["rollout"] > 0

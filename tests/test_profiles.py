@@ -1,5 +1,6 @@
 """Every profile under profiles/ loads and validates; bad ones fail naming file and key."""
 
+import dataclasses
 import shutil
 
 import pytest
@@ -114,7 +115,10 @@ def test_a_grpo_matrix_runs_every_combination_then_each_extra(profile_dir):
         ),
         (("memory_budget_gib = 4.0", "memory_budget_gib = -3"), r"grpo.memory_budget_gib: must be positive, got -3"),
         (("configuration_timeout_s = 60", "configuration_timeout_s = 0"), r"grpo.configuration_timeout_s: must be"),
-        (("num_generations = 2", "num_generations = 3"), r"per_device_train_batch_size 4 is not a multiple of"),
+        (
+            ("num_generations = 2", "num_generations = 3"),
+            r"per_device_train_batch_size 4 x 1 rank\(s\) x gradient_accumulation_steps 1 = 4, is not a multiple",
+        ),
         (("num_generations = 2", "num_generations = 2\nmax_completion_length = 0"), r"max_completion_length: 0 is"),
         (
             ("num_generations = 2", "num_generations = 2\nvllm_gpu_memory_utilization = 1.5"),
@@ -190,6 +194,11 @@ def test_an_impossible_combination_of_levers_is_an_error_naming_it(levers, messa
         profiles.check_levers(profiles.Levers(**levers), "mine.toml", "grpo.extra[0]")
     fine = profiles.Levers(num_processes=4, num_machines=2, distributed_type="zero3", offload_param_device="cpu")
     profiles.check_levers(fine, "mine.toml", "grpo.extra[0]")
+    # TRL's rule is the whole generation batch's: 4 a rank on 2 ranks holds a group of 8
+    groups = profiles.Levers(num_generations=8, per_device_train_batch_size=4, num_processes=2, distributed_type="ddp")
+    profiles.check_levers(groups, "mine.toml", "grpo.extra[0]")
+    accumulated = dataclasses.replace(groups, num_processes=1, distributed_type="no", gradient_accumulation_steps=2)
+    profiles.check_levers(accumulated, "mine.toml", "grpo.extra[0]")
 
 
 def test_every_hardware_class_says_where_its_figures_come_from():

@@ -71,7 +71,9 @@ class Levers:
     vllm_max_model_length: int | None = None
     beta: float = 0.0  # > 0 without PEFT: a reference copy of the weights for the KL term
     num_generations: int = 4  # completions per prompt
-    per_device_train_batch_size: int = 4  # completions per step on this device
+    per_device_train_batch_size: int = 4  # completions in one forward and backward on this device (the micro-batch)
+    # micro-batches per optimizer step; TRL generates all of them in one rollout (steps_per_generation)
+    gradient_accumulation_steps: int = 1
     max_completion_length: int = 32  # every completion is exactly this long (EOS ignored)
     learning_rate: float = 1e-6
     model: str = "full"  # full fine-tuning, lora (bf16/fp32 base + adapters), qlora (4-bit base, CUDA)
@@ -198,6 +200,7 @@ LEVER_VALUES: dict[str, tuple[Any, str]] = {
     "beta": (lambda v: v >= 0, "at least 0"),
     "num_generations": (lambda v: v >= 2, "at least 2 (GRPO's advantages compare completions of one prompt)"),
     "per_device_train_batch_size": (lambda v: v > 0, "positive"),
+    "gradient_accumulation_steps": (lambda v: v > 0, "positive"),
     "max_completion_length": (lambda v: v > 0, "positive"),
     "learning_rate": (lambda v: v > 0, "positive"),
     "lora_r": (lambda v: v > 0, "positive"),
@@ -236,10 +239,12 @@ def check_levers(levers: Levers, file: str, key: str) -> None:
 def combination_problem(levers: Levers) -> str | None:
     """Why these levers cannot run together, or None."""
     world, kind = levers.world_size, levers.distributed_type
-    if levers.per_device_train_batch_size % levers.num_generations:
+    generation_batch = levers.per_device_train_batch_size * world * levers.gradient_accumulation_steps
+    if generation_batch % levers.num_generations:
         return (
-            f"per_device_train_batch_size {levers.per_device_train_batch_size} is not a multiple of "
-            f"num_generations {levers.num_generations} (TRL's generation batch must hold whole groups)"
+            f"the generation batch, per_device_train_batch_size {levers.per_device_train_batch_size} x {world} "
+            f"rank(s) x gradient_accumulation_steps {levers.gradient_accumulation_steps} = {generation_batch}, is not "
+            f"a multiple of num_generations {levers.num_generations} (TRL's generation batch holds whole groups)"
         )
     if kind == "no" and world > 1:
         return (

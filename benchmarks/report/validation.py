@@ -52,7 +52,7 @@ def predict_configuration(
     rank for a configuration of many ranks)."""
     grpo = getattr(run.profile, run.kind)
     levers = configuration.lever_values
-    work = Workload(levers.per_device_train_batch_size, grpo.prompt_words, levers.max_completion_length)
+    work = Workload.of(levers, grpo.prompt_words)
     return estimate(shapes[run.shape.name], grpo.dtype, levers, work, hardware[run.profile.hardware])
 
 

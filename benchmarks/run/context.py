@@ -81,7 +81,7 @@ def predicted_max(shape: Shape, settings: ContextBench, levers: Levers, hardware
     budget = settings.budget_gib * GIB
 
     def fits(length: int) -> bool:
-        work = Workload(levers.per_device_train_batch_size, settings.prompt_words, length)
+        work = Workload.of(levers, settings.prompt_words, length)
         return estimate(shape, settings.dtype, levers, work, hardware, path).peak <= budget
 
     passed, _ = search(fits, settings.start_tokens, settings.max_tokens, 0.0, settings.granule)
@@ -101,7 +101,7 @@ def anchored_max(
     budget = settings.budget_gib * GIB
 
     def modelled(length: int) -> int:
-        work = Workload(levers.per_device_train_batch_size, settings.prompt_words, length)
+        work = Workload.of(levers, settings.prompt_words, length)
         return estimate(shape, settings.dtype, levers, work, hardware, path).peak
 
     offset = anchor.peak_bytes - modelled(anchor.completion_tokens)  # what the model misses at the anchor
@@ -172,7 +172,7 @@ def run_contender(
 
     def fits(length: int) -> bool:
         job = {**job_base, "levers": asdict(replace(levers, max_completion_length=length))}
-        work = Workload(levers.per_device_train_batch_size, settings.prompt_words, length)
+        work = Workload.of(levers, settings.prompt_words, length)
         predicted = estimate(shape, settings.dtype, levers, work, hardware, entry.logits_path).peak
         started = time.monotonic()
         record = run_configuration(
@@ -236,7 +236,7 @@ def ratios(contenders: list[schema.ContenderRun]) -> dict[str, dict[str, float |
 def logits_share(settings: ContextBench, hardware: Hardware, length: int, path: str) -> schema.LogitsShare:
     """The training phase at ``length`` in the analytic model: the logits term against the rest."""
     shape = load_shapes()[settings.shape]
-    work = Workload(settings.levers.per_device_train_batch_size, settings.prompt_words, length)
+    work = Workload.of(settings.levers, settings.prompt_words, length)
     training = estimate(shape, settings.dtype, settings.levers, work, hardware, path).phases["training"]
     rest = sum(v for k, v in training.items() if k != "logits")
     return schema.LogitsShare(

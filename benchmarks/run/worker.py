@@ -386,7 +386,9 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
         fixed_length = {"min_tokens": length, "ignore_eos": True}
     else:
         fixed_length = {"min_new_tokens": length}
-    prompts_needed = levers["per_device_train_batch_size"] * (job["warmup_steps"] + job["measured_steps"])
+    per_step = levers["per_device_train_batch_size"] * levers["gradient_accumulation_steps"]  # completions a rank
+    ranks = levers["num_processes"] * levers["num_machines"]
+    prompts_needed = per_step * ranks * (job["warmup_steps"] + job["measured_steps"])  # more than enough
     prompt = " ".join(word(3 + i % 97) for i in range(job["prompt_words"]))
     dataset = Dataset.from_dict({"prompt": [prompt] * prompts_needed})
     config = GRPOConfig(
@@ -405,6 +407,7 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
         beta=levers["beta"],
         num_generations=levers["num_generations"],
         per_device_train_batch_size=levers["per_device_train_batch_size"],
+        gradient_accumulation_steps=levers["gradient_accumulation_steps"],
         max_completion_length=length,
         learning_rate=levers["learning_rate"],
         generation_kwargs=fixed_length,
@@ -471,7 +474,7 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
                 phases.leave()
             wall = time.perf_counter() - self.started
             seconds, cuda_peaks = phases.take()
-            completions = levers["per_device_train_batch_size"]
+            completions = per_step
             index = state.global_step - 1
             report(
                 channel,
