@@ -122,3 +122,26 @@ def test_gradient_accumulation_grows_the_rollout_not_the_micro_batch():
     single, accumulated = (estimate(shape, "bfloat16", lv, Workload.of(lv, 256), h100) for lv in (one, four))
     assert accumulated.phases["rollout"]["kv_cache"] == 4 * single.phases["rollout"]["kv_cache"]
     assert accumulated.phases["training"]["activations"] == single.phases["training"]["activations"]
+
+
+def test_unsloth_s_gpu_path_shares_its_engine_s_weights_and_offloads_its_checkpoints():
+    from benchmarks.catalog.profiles import load_hardware
+    from benchmarks.model.estimate import Workload, estimate
+
+    shape, h100, cpu = load_shapes()["8b"], load_hardware()["h100"], load_hardware()["cpu"]
+    levers = Levers(
+        model="lora", gradient_checkpointing=True, use_vllm=True, vllm_gpu_memory_utilization=0.5,
+        num_generations=8, per_device_train_batch_size=8, max_completion_length=4096,
+    )  # fmt: skip
+    work = Workload.of(levers, 256)
+    trl, unsloth = (estimate(shape, "bfloat16", levers, work, h100, path) for path in ("trl-tiled", "unsloth-gpu"))
+    engine_weights = shape.param_count() * 2
+    assert trl.phases["rollout"]["vllm"] - unsloth.phases["rollout"]["vllm"] == engine_weights  # counted once
+    assert unsloth.phases["training"]["activations"] < trl.phases["training"]["activations"]  # inputs on the host
+    assert unsloth.peak < trl.peak
+    # no GPU, no offload: Unsloth's CPU backend keeps its checkpoints where they are
+    on_cpu = estimate(shape, "bfloat16", levers, work, cpu, "unsloth-gpu")
+    assert (
+        on_cpu.phases["training"]["activations"]
+        == estimate(shape, "bfloat16", levers, work, cpu).phases["training"]["activations"]
+    )

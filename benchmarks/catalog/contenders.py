@@ -32,7 +32,7 @@ CONTENDERS = {
         "unsloth",
         "Unsloth: on CUDA its GPU path (efficient GRPO loss); on CPU its CPU backend, stock TRL 1.15 "
         "GRPOTrainer with cpu_chunked_log_probs (its efficient GRPO loss runs only on the GPU path)",
-        {"cpu": "row-chunked", "cuda": "liger"},
+        {"cpu": "row-chunked", "cuda": "unsloth-gpu"},
         {},
     ),
     # TRL 1.16 has no Liger GRPO loss: `use_liger_kernel=True` applies Liger's layer kernels (RMSNorm,

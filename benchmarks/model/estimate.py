@@ -33,7 +33,13 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # - row-chunked: Unsloth's CPU backend (`cpu_chunked_log_probs`): rows of 16 Mi elements / vocab at once,
 #   logits and two fp32 temporaries.
 # - liger: Liger's fused linear GRPO loss, chunks of completions; one chunk's logits in fp32 (CUDA).
-LOGITS_PATHS = ("materialised", "trl-tiled", "row-chunked", "liger")
+# - unsloth-gpu: Unsloth's GPU path, more than a logits path: its chunked GRPO loss (one chunk of
+#   completions' logits in fp32, as Liger's), its colocated vLLM engine reading the policy's own weights
+#   (its GRPO release: "Inference Cost (GB) 0GB" against TRL's 16GB for Llama 3.1 8B), and its gradient
+#   checkpointing ("unsloth") keeping each layer's checkpointed input in host memory.
+LOGITS_PATHS = ("materialised", "trl-tiled", "row-chunked", "liger", "unsloth-gpu")
+SHARES_ENGINE_WEIGHTS = ("unsloth-gpu",)
+OFFLOADS_CHECKPOINTS = ("unsloth-gpu",)
 MATERIALISED_COPIES = 4
 TRL_TOKEN_TILE, TRL_VOCAB_TILE, TRL_TILE_FP32_TEMPORARIES = 4096, 32768, 3
 UNSLOTH_CPU_CHUNK_ELEMENTS, UNSLOTH_CPU_FP32_TEMPORARIES = 16 * 2**20, 3
@@ -188,7 +194,7 @@ def logits_bytes(path: str, shape: Shape, work: Workload, act_bytes: int, cuda: 
     if path == "row-chunked":
         rows = min(scored, max(1, UNSLOTH_CPU_CHUNK_ELEMENTS // vocab))
         return rows * vocab * (act_bytes + 4 * UNSLOTH_CPU_FP32_TEMPORARIES)
-    if path == "liger":
+    if path in ("liger", "unsloth-gpu"):
         return LIGER_CHUNK_COMPLETIONS * work.completion_tokens * vocab * 4
     raise ValueError(f"unknown logits path {path!r}; one of {', '.join(LOGITS_PATHS)}")
 
@@ -260,7 +266,9 @@ def estimate(
     est.add("training", "optimizer_update", temporaries, "AdamW's denominator temporaries")
 
     layer = layer_activation_bytes(shape, b, peft)
-    if levers.gradient_checkpointing:
+    if levers.gradient_checkpointing and logits_path in OFFLOADS_CHECKPOINTS and cuda:
+        kept, note = 2 * layer, "checkpointed inputs offloaded to host memory: one layer recomputed and its gradients"
+    elif levers.gradient_checkpointing:
         kept = shape.num_hidden_layers * shape.hidden_size * b + 2 * layer
         note = "checkpointed: each layer's input, plus one layer recomputed and its gradients"
     else:
@@ -284,6 +292,9 @@ def estimate(
         elif cuda:
             reserved = levers.vllm_gpu_memory_utilization * hardware.memory_gib * GIB
             need = engine_need(shape, dtype, levers, work)
+            if logits_path in SHARES_ENGINE_WEIGHTS:  # the share holds the policy's weights, counted once
+                reserved = max(0.0, reserved - need.weights)
+                need = replace(need, weights=0, precision=need.precision + ", shared with the policy")
             note = (
                 f"vllm_gpu_memory_utilization x device memory; holds {need.precision} weights "
                 f"{need.weights / GIB:.1f} GiB + one rollout's KV {need.kv_cache / GIB:.1f} GiB + overheads "
