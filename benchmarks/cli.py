@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks import REPO
@@ -216,9 +217,25 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         hold = f"; vllm_gpu_memory_utilization >= {share:.2f} would hold it" if share <= 1 else ""
         print(f"{est.engine_cannot_start}{hold}")
     if not fits:
+        for label, change in tables.LADDER:  # the lightest lever set, over these levers, on as many GPUs
+            if hardware.size_class == "cpu" and (
+                change.get("model") == "qlora" or change.get("vllm_enable_sleep_mode")
+            ):
+                continue  # 4-bit bitsandbytes and vLLM sleep mode need CUDA
+            lighter = replace(levers, **change)
+            if profiles.combination_problem(lighter) is None and predict(lighter).fits(capacity):
+                print(f"on {gpus} x {hardware.name}, {label} would hold it ({change})")
+                break
+        else:
+            label = None
         more = smallest(levers, tuple(count for count in estimate.GPU_COUNTS if count > gpus))
         if more is not None:
             print(f"{more.world_size} x {hardware.name} would hold it ({more.distributed_type}; see --min-gpus)")
+        elif label is None:
+            print(
+                f"no lighter lever set here and no count up to {estimate.GPU_COUNTS[-1]} GPUs holds it: what one GPU "
+                "processes has to shrink (per_device_train_batch_size, max_completion_length)"
+            )
     return 0
 
 

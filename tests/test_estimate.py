@@ -145,3 +145,11 @@ def test_unsloth_s_gpu_path_shares_its_engine_s_weights_and_offloads_its_checkpo
         on_cpu.phases["training"]["activations"]
         == estimate(shape, "bfloat16", levers, work, cpu).phases["training"]["activations"]
     )
+
+
+def test_estimate_names_the_lightest_lever_set_that_would_hold_what_does_not_fit(capsys):
+    levers = "use_vllm=true,vllm_gpu_memory_utilization=0.4"
+    assert main(["estimate", "--shape", "3b", "--hardware", "rtx4090", "--levers", levers]) == 0
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out
+    assert "on 1 x NVIDIA GeForce RTX 4090, LoRA, checkpointing, vLLM sleep would hold it" in out
