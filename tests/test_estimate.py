@@ -153,3 +153,36 @@ def test_estimate_names_the_lightest_lever_set_that_would_hold_what_does_not_fit
     out = capsys.readouterr().out
     assert "does NOT fit" in out
     assert "on 1 x NVIDIA GeForce RTX 4090, LoRA, checkpointing, vLLM sleep would hold it" in out
+
+
+LEVER_SHAPES = ("0.5b", "7b", "32b", "72b", "qwen3-30b-a3b", "gpt-oss-20b")
+
+
+@pytest.mark.parametrize("name", LEVER_SHAPES)
+def test_every_lever_moves_memory_the_way_the_physics_says(name):
+    from benchmarks.catalog.profiles import load_hardware
+    from benchmarks.model.estimate import Workload, estimate
+
+    shape, h200 = load_shapes()[name], load_hardware()["h200"]
+    base = Levers(num_generations=8, per_device_train_batch_size=8, max_completion_length=1024, use_vllm=True)
+
+    def peak(phase: str = "training", **change) -> int:
+        levers = dataclasses.replace(base, **change)
+        return estimate(shape, "bfloat16", levers, Workload.of(levers, 256), h200).total(phase)
+
+    def term(term: str, phase: str = "training", **change) -> int:
+        levers = dataclasses.replace(base, **change)
+        return estimate(shape, "bfloat16", levers, Workload.of(levers, 256), h200).phases[phase].get(term, 0)
+
+    assert term("activations", gradient_checkpointing=True) < term("activations")  # recompute keeps less
+    assert term("optimizer_state", optim="adamw_8bit") < term("optimizer_state")  # 8-bit states
+    assert term("optimizer_state", model="lora") < term("optimizer_state")  # adapters' states only
+    assert term("gradients", model="lora") < term("gradients")
+    assert term("weights", model="qlora") < term("weights", model="lora")  # a 4-bit base
+    assert peak(vllm_enable_sleep_mode=True) < peak()  # the engine leaves the device outside the rollout
+    assert peak(beta=0.04) > peak()  # a reference copy without PEFT
+    assert peak(beta=0.04, model="lora") == peak(model="lora")  # PEFT's reference is the base, adapters off
+    assert peak(max_completion_length=2048) > peak()  # longer completions, more of everything per token
+    for kind in ("zero1", "zero2", "zero3"):  # more ranks never hold more per rank
+        two, eight = (peak(distributed_type=kind, num_processes=n) for n in (2, 8))
+        assert eight <= two, kind
