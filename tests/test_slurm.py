@@ -98,24 +98,33 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 process.kill()
 
 
-def test_a_configuration_submitted_to_slurm_runs_as_a_job_of_its_machines(slurm, tmp_path, monkeypatch):
+def test_a_profile_s_configurations_go_to_slurm_as_one_job_array_per_resource_shape(slurm, tmp_path, monkeypatch):
     monkeypatch.setenv("GRPO_BENCH_EXECUTOR", "slurm")
+    monkeypatch.setenv("GRPO_BENCH_SLURM_FOLDER", str(tmp_path / "shared"))
     model_dir = materialise(load_shapes()["tiny"], "float32", root=tmp_path / "models")
-    levers = Levers(
-        num_generations=4, per_device_train_batch_size=4, max_completion_length=8, num_processes=2,
-        distributed_type="zero2",
-    )  # fmt: skip
-    job = {
-        "levers": dataclasses.asdict(levers),
-        "model_dir": str(model_dir),
-        "dtype": "float32",
-        "warmup_steps": 0,
-        "measured_steps": 1,
-        "prompt_words": 8,
-    }
-    record = grpo.run_machines(job, None, tmp_path / "w.log", 300, gpus=False)
-    assert record.status == "ok", record.reason
-    assert record.distribution.world_size == 2 and record.distribution.zero_stage == 2
-    assert [(rank.rank, rank.machine_rank) for rank in record.ranks] == [(0, 0), (1, 0)]
-    # submitit's Slurm job, not its local executor: sbatch's script and Slurm's own log of the job
-    assert list((tmp_path / "w.submitit").glob("*_submission.sh"))
+
+    def job(kind: str) -> dict:
+        levers = Levers(
+            num_generations=4, per_device_train_batch_size=4, max_completion_length=8, num_processes=2,
+            distributed_type=kind,
+        )  # fmt: skip
+        return {
+            "levers": dataclasses.asdict(levers),
+            "model_dir": str(model_dir),
+            "dtype": "float32",
+            "warmup_steps": 0,
+            "measured_steps": 1,
+            "prompt_words": 8,
+        }
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    submitted = grpo.submit_to_slurm({1: job("zero2"), 2: job("zero3")}, None, logs, 300, gpus=False)
+    arrays = {str(submitted[n].job_id).split("_")[0] for n in (1, 2)}
+    assert len(arrays) == 1 and all("_" in str(submitted[n].job_id) for n in (1, 2))  # one array, two elements
+    for number, stage in ((1, 2), (2, 3)):
+        record = grpo.slurm_record(submitted[number])
+        assert record.status == "ok", record.reason
+        assert record.distribution.world_size == 2 and record.distribution.zero_stage == stage
+        assert [(rank.rank, rank.machine_rank) for rank in record.ranks] == [(0, 0), (1, 0)]
+    assert list((tmp_path / "shared").glob("*/*_submission.sh"))  # sbatch's script, in the shared folder

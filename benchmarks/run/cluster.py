@@ -6,7 +6,9 @@ configuration's launcher for its machine (``accelerate launch --num_machines --m
 task is the vLLM server's machine (TRL's multi-node recipe: ``trl vllm-serve`` on a node of its own).
 
 ``GRPO_BENCH_EXECUTOR=slurm`` submits to Slurm (``sbatch`` where this runs: its ``SLURM_CONF``, its
-partition from ``GRPO_BENCH_SLURM_PARTITION``); unset, the local executor runs the machines here.
+partition from ``GRPO_BENCH_SLURM_PARTITION``): then every configuration of a profile is a job, those
+needing the same machines and GPUs one job array; unset, the local executor runs the machines here,
+one configuration after another.
 """
 
 from __future__ import annotations
@@ -19,29 +21,57 @@ from typing import Any
 EXECUTORS = ("local", "slurm")
 
 
-def run_tasks(task: Callable[[], Any], machines: int, gpus_per_machine: int, timeout_s: float, folder: Path) -> list:
-    """``task`` once per machine, all at once (they rendezvous), through submitit; their results in
-    machine order. A task that failed raises submitit's error, naming the machine and its log."""
+def kind() -> str:
+    """The executor asked for (``GRPO_BENCH_EXECUTOR``): local (default) or slurm."""
+    chosen = os.environ.get("GRPO_BENCH_EXECUTOR", "local")
+    if chosen not in EXECUTORS:
+        raise ValueError(f"GRPO_BENCH_EXECUTOR={chosen!r} is not one of {', '.join(EXECUTORS)}")
+    return chosen
+
+
+def folder(local: Path) -> Path:
+    """Where a configuration's submitit pickles and machine logs go: a folder every node of a Slurm job
+    sees (``GRPO_BENCH_SLURM_FOLDER``, default ~/.cache/grpo-bench/submitit: home is shared on the
+    clusters this targets), else ``local``."""
+    if kind() != "slurm":
+        return local
+    shared = Path(os.environ.get("GRPO_BENCH_SLURM_FOLDER", Path.home() / ".cache" / "grpo-bench" / "submitit"))
+    return shared / f"{local.parent.name}-{local.name}"
+
+
+def _executor(machines: int, gpus_per_machine: int, timeout_s: float, where: Path) -> Any:
     import submitit  # the distributed extra's: a run on one machine never needs it
 
-    kind = os.environ.get("GRPO_BENCH_EXECUTOR", "local")
-    if kind not in EXECUTORS:
-        raise ValueError(f"GRPO_BENCH_EXECUTOR={kind!r} is not one of {', '.join(EXECUTORS)}")
     minutes = max(1, int(timeout_s // 60) + 5)  # the configuration's own limit stops it first
-    if kind == "slurm":
-        executor = submitit.SlurmExecutor(folder=folder)
+    if kind() == "slurm":
+        executor = submitit.SlurmExecutor(folder=where)
         partition = os.environ.get("GRPO_BENCH_SLURM_PARTITION")
         executor.update_parameters(
             nodes=machines,
             ntasks_per_node=1,
             time=minutes,
+            exclusive=True,  # no other job's memory on a measured machine
             **({"gpus_per_node": gpus_per_machine} if gpus_per_machine else {}),
             **({"partition": partition} if partition else {}),
         )
-    else:
-        executor = submitit.LocalExecutor(folder=folder)
-        executor.update_parameters(tasks_per_node=machines, timeout_min=minutes)
-    return executor.submit(task).results()
+        return executor
+    executor = submitit.LocalExecutor(folder=where)
+    executor.update_parameters(tasks_per_node=machines, timeout_min=minutes)
+    return executor
+
+
+def run_tasks(task: Callable[[], Any], machines: int, gpus_per_machine: int, timeout_s: float, where: Path) -> list:
+    """``task`` once per machine, all at once (they rendezvous), as one job; their results in machine
+    order. A task that failed raises submitit's error, naming the machine and its log."""
+    return _executor(machines, gpus_per_machine, timeout_s, where).submit(task).results()
+
+
+def submit_array(
+    tasks: list[Callable[[], Any]], machines: int, gpus_per_machine: int, timeout_s: float, where: Path
+) -> list:
+    """Slurm: ``tasks`` (configurations needing the same machines and GPUs) as one job array, each
+    element a job of ``machines`` nodes running a task per node; its submitit jobs, in order."""
+    return _executor(machines, gpus_per_machine, timeout_s, where).submit_array(tasks)
 
 
 def place_here() -> tuple[int, list[str]]:

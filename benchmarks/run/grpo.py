@@ -538,21 +538,59 @@ def _distribution(heard: Heard, levers: dict, config: dict | None) -> schema.Dis
 def run_machines(
     job: dict, budget_bytes: int | None, log_path: Path, timeout_s: float, gpus: bool
 ) -> schema.WorkerRecord:
-    """A configuration over ``num_machines`` machines: one launcher per machine through submitit
-    (``cluster.run_tasks``; with ``gpus``, each machine asks for a GPU per rank), rendezvous on the
-    first machine; in server mode one more machine runs ``trl vllm-serve`` alone, as TRL's multi-node
-    recipe does. The trainer machines' records merged."""
+    """A configuration over ``num_machines`` machines: one launcher per machine through submitit, as one
+    job (``cluster.run_tasks``), rendezvous on the first machine; in server mode one more machine runs
+    ``trl vllm-serve`` alone, as TRL's multi-node recipe does. The trainer machines' records merged."""
     levers = {**asdict(Levers()), **job["levers"]}
-    server = levers["vllm_server_tensor_parallel_size"] * levers["vllm_server_data_parallel_size"]
     if server_mode(levers) and not gpus:
         return _skipped("TRL syncs weights to a vLLM server only over CUDA (trl/generation/vllm_client.py)")
-    port = free_port()
-    task = functools.partial(machine_task, {**job, "levers": levers}, budget_bytes, str(log_path), timeout_s, port)
-    folder = log_path.with_suffix(".submitit")
+    task, machines, per_machine, where = machines_job(
+        {**job, "levers": levers}, budget_bytes, log_path, timeout_s, gpus
+    )
+    return merge_machines([r for r in cluster.run_tasks(task, machines, per_machine, timeout_s, where) if r])
+
+
+def machines_job(
+    job: dict, budget_bytes: int | None, log_path: Path, timeout_s: float, gpus: bool
+) -> tuple[Callable[[], Any], int, int, Path]:
+    """What submitit runs for one configuration: the task every machine runs, how many machines (the
+    vLLM server's one included), the GPUs each asks for (a GPU per rank, or per server GPU), and the
+    folder its machines share."""
+    levers = job["levers"]
+    server = levers["vllm_server_tensor_parallel_size"] * levers["vllm_server_data_parallel_size"]
+    where = cluster.folder(log_path.with_suffix(".submitit"))
+    where.mkdir(parents=True, exist_ok=True)  # the machines' logs go here, whichever job array runs them
+    log = where / log_path.name
+    task = functools.partial(machine_task, job, budget_bytes, str(log), timeout_s, free_port())
     machines = levers["num_machines"] + (1 if server_mode(levers) else 0)
     per_machine = max(levers["num_processes"], server if server_mode(levers) else 0) if gpus else 0
-    records = cluster.run_tasks(task, machines, per_machine, timeout_s, folder)
-    return merge_machines([record for record in records if record is not None])
+    return task, machines, per_machine, where
+
+
+def submit_to_slurm(
+    jobs: dict[int, dict], budget_bytes: int | None, logs: Path, timeout_s: float, gpus: bool
+) -> dict[int, Any]:
+    """Every configuration (number -> job) as a Slurm job, those needing the same machines and GPUs as
+    one job array; their submitit jobs by number."""
+    groups: dict[tuple[int, int], list[tuple[int, Callable[[], Any], Path]]] = {}
+    for number, job in jobs.items():
+        job = {**job, "levers": {**asdict(Levers()), **job["levers"]}}
+        task, machines, per_machine, where = machines_job(job, budget_bytes, logs / f"{number}.log", timeout_s, gpus)
+        groups.setdefault((machines, per_machine), []).append((number, task, where))
+    submitted = {}
+    for (machines, per_machine), members in groups.items():
+        array = cluster.submit_array([task for _, task, _ in members], machines, per_machine, timeout_s, members[0][2])
+        submitted |= {number: job for (number, _, _), job in zip(members, array, strict=True)}
+    return submitted
+
+
+def slurm_record(job: Any) -> schema.WorkerRecord:
+    """A submitted configuration's record once its Slurm job ends; a job that failed is an error with
+    what Slurm and the task said, never a hole in the result file."""
+    try:
+        return merge_machines([record for record in job.results() if record is not None])
+    except Exception as error:  # submitit's FailedJobError / UncompletedJobError: the job's own words
+        return schema.WorkerRecord(status="error", reason=f"Slurm job {job.job_id}: {str(error)[-1500:]}")
 
 
 def machine_task(
@@ -661,25 +699,32 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (),
         if not only or any(fnmatch.fnmatch(name, x) for x in only)
     ]
     started = time.monotonic()
+    resolved = {number: resolved_levers(levers, bench.prompt_words) for number, (_, levers) in enumerate(todo, 1)}
+    jobs = {
+        number: {
+            "levers": asdict(levers),
+            "model_dir": str(model_dir),
+            "dtype": bench.dtype,
+            "warmup_steps": bench.warmup_steps,
+            "measured_steps": bench.measured_steps,
+            "prompt_words": bench.prompt_words,
+            "memory_budget_bytes": budget,  # CUDA: each rank caps torch's allocator at it
+        }
+        for number, levers in resolved.items()
+    }
+    gpus, timeout_s = profile.hardware != "cpu", bench.configuration_timeout_s
     with tempfile.TemporaryDirectory() as logs, schema.marked_incomplete(path, result):
-        for number, (name, levers) in enumerate(todo, 1):
+        on_slurm = cluster.kind() == "slurm"
+        submitted = submit_to_slurm(jobs, budget, Path(logs), timeout_s, gpus) if on_slurm else {}
+        for number, (name, _) in enumerate(todo, 1):
             print(f"[{number}/{len(todo)}] {name} ...", end=" ", flush=True)
-            levers = resolved_levers(levers, bench.prompt_words)
-            job = {
-                "levers": asdict(levers),
-                "model_dir": str(model_dir),
-                "dtype": bench.dtype,
-                "warmup_steps": bench.warmup_steps,
-                "measured_steps": bench.measured_steps,
-                "prompt_words": bench.prompt_words,
-                "memory_budget_bytes": budget,  # CUDA: each rank caps torch's allocator at it
-            }
-            log = Path(logs) / f"{number}.log"
-            if levers.num_machines > 1:
-                gpus = profile.hardware != "cpu"
-                ran = run_machines(job, budget, log, timeout_s=bench.configuration_timeout_s, gpus=gpus)
+            levers, job, log = resolved[number], jobs[number], Path(logs) / f"{number}.log"
+            if on_slurm:
+                ran = slurm_record(submitted[number])
+            elif levers.num_machines > 1:
+                ran = run_machines(job, budget, log, timeout_s=timeout_s, gpus=gpus)
             else:
-                ran = run_configuration(job, budget, log, timeout_s=bench.configuration_timeout_s)
+                ran = run_configuration(job, budget, log, timeout_s=timeout_s)
             configuration = schema.Configuration(name=name, levers=asdict(levers), **vars(ran))
             result.configurations.append(configuration)
             result.finished = schema.now()
