@@ -46,6 +46,35 @@ def test_search_reports_a_fitting_ceiling_and_nothing_fitting():
     assert probed == [64, 32, 16]
 
 
+@pytest.mark.parametrize("threshold", [100, 777, 1000, 5000])
+@pytest.mark.parametrize("model_error", [0.0, 0.05, -0.05, 0.4, -0.4])
+def test_the_guided_search_finds_the_full_search_s_bracket(threshold, model_error):
+    fits, probed = counted(threshold)
+    guided = context.guided_search(
+        fits, lambda: int(threshold * (1 + model_error)), start=64, ceiling=8192, resolution=0.125, granule=16
+    )
+    passed, failed = guided
+    assert passed <= threshold < failed and failed - passed <= max(16, passed * 0.125)
+    assert len(probed) == len(set(probed))  # no length probed twice
+    full = context.search(counted(threshold)[0], start=64, ceiling=8192, resolution=0.125, granule=16)
+    assert abs(passed - full[0]) <= max(16, full[0] * 0.125)  # the full search's maximum, within one step
+    if abs(model_error) <= 0.05:  # a model right within the resolution: the first probe and two more
+        assert len(probed) <= 4
+
+
+def test_the_guided_search_goes_on_as_the_full_search_where_it_has_no_anchor_or_no_answer():
+    fits, probed = counted(300)
+    assert context.guided_search(fits, lambda: None, 64, 8192, 0.125, 16) == context.search(
+        counted(300)[0], 64, 8192, 0.125, 16
+    )
+    fits, probed = counted(0)  # nothing fits: no anchor, halving down as before
+    assert context.guided_search(fits, lambda: 10**6, 64, 1024, 0.125, 16) == (None, 16)
+    assert probed == [64, 32, 16]
+    fits, probed = counted(10**6)  # the ceiling fits
+    assert context.guided_search(fits, lambda: 10**6, 64, 1024, 0.125, 16) == (1024, None)
+    assert probed == [64, 1024]
+
+
 def test_the_analytic_model_orders_the_loss_paths_as_their_logits_terms():
     settings = load("cpu").context
     shape, hardware = load_shapes()[settings.shape], load_hardware()["cpu"]

@@ -46,12 +46,29 @@ class ProbeFailed(RuntimeError):
     """A probe ended neither fitting nor out of memory (an error): the search cannot go on."""
 
 
-def search(fits: Callable[[int], bool], start: int, ceiling: int, resolution: float, granule: int) -> tuple:
+def search(
+    fits: Callable[[int], bool],
+    start: int,
+    ceiling: int,
+    resolution: float,
+    granule: int,
+    passed: int | None = None,
+    failed: int | None = None,
+) -> tuple:
     """Doubling from ``start`` while ``fits`` (halving below it while not), then bisection until
     ``first_fail <= last_pass * (1 + resolution)`` (or a granule apart). Returns
-    ``(last_pass, first_fail)``: None for a side never reached (nothing fits; the ceiling fits)."""
-    passed = failed = None
-    length = start
+    ``(last_pass, first_fail)``: None for a side never reached (nothing fits; the ceiling fits).
+    ``passed`` / ``failed``: lengths already probed, to go on from."""
+    if passed is not None and failed is None and passed >= ceiling:
+        return passed, None
+    if failed is not None and passed is None and failed <= granule:
+        return None, failed
+    if passed is None and failed is None:
+        length = start
+    elif failed is None:
+        length = min(2 * passed, ceiling)
+    else:
+        length = max(granule, failed // 2 // granule * granule)
     while passed is None or failed is None:
         if fits(length):
             passed = length
@@ -74,6 +91,44 @@ def search(fits: Callable[[int], bool], start: int, ceiling: int, resolution: fl
         else:
             failed = middle
     return passed, failed
+
+
+def guided_search(
+    fits: Callable[[int], bool],
+    boundary: Callable[[], int | None],
+    start: int,
+    ceiling: int,
+    resolution: float,
+    granule: int,
+) -> tuple:
+    """The model-guided search: probe ``start``; where it fits, ask ``boundary()`` (the model anchored on
+    that probe's measured peak) for the longest length that fits, probe there and one resolution step
+    beyond it (or below it where it does not fit), and bisect only what is left: three probes where the
+    model is right within the resolution. Where ``start`` does not fit or the model has no answer, it
+    goes on as ``search``; its result is ``search``'s (the same bracket, the same resolution)."""
+    if not fits(start):
+        return search(fits, start, ceiling, resolution, granule, failed=start)
+    passed, failed = start, None
+    guess = boundary()
+    if guess is not None:
+        guess = min(ceiling, max(passed + granule, round(guess / granule) * granule))
+        if fits(guess):
+            passed = guess
+            above = min(ceiling, max(guess + granule, -(-round(guess * (1 + resolution)) // granule) * granule))
+            if passed < ceiling:
+                if fits(above):
+                    passed = above
+                else:
+                    failed = above
+        else:
+            failed = guess
+            below = max(granule, round(guess / (1 + resolution)) // granule * granule)
+            if passed < below < failed:
+                if fits(below):
+                    passed = below
+                else:
+                    failed = below
+    return search(fits, start, ceiling, resolution, granule, passed=passed, failed=failed)
 
 
 def predicted_max(shape: Shape, settings: ContextBench, levers: Levers, hardware: Hardware, path: str) -> int | None:
@@ -190,8 +245,13 @@ def run_contender(
             raise ProbeFailed(f"{record.status} at {length} tokens: {record.reason}")
         return probe.fits
 
+    def boundary() -> int | None:  # the model anchored on the probes so far: where it says the budget ends
+        return anchored_max(shape, settings, levers, hardware, entry.logits_path, entry.probes)
+
     try:
-        passed, failed = search(fits, settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule)
+        passed, failed = guided_search(
+            fits, boundary, settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule
+        )
     except ProbeFailed as error:
         entry.status, entry.reason = "error", str(error)
         return entry
@@ -306,7 +366,10 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
     )
     search_settings = {
         **asdict(settings),
-        "searched": f"completion length, prompt fixed at {settings.prompt_words} tokens",
+        "searched": (
+            f"completion length, prompt fixed at {settings.prompt_words} tokens; model-guided (the first probe, then "
+            "the analytic model anchored on it, one resolution step either side, bisection of what is left)"
+        ),
         "budget_enforced_by": enforced,
         "completions_per_step": settings.levers.per_device_train_batch_size,
     }
