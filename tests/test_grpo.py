@@ -146,3 +146,10 @@ def test_gradient_accumulation_runs_its_micro_batches_in_one_step(model_dirs, tm
     step = record.steps[-1]
     assert step.completion_tokens == 2 * 4 * 16  # two micro-batches of 4 completions in one optimizer step
     assert step.phase_s["forward_backward"] > 0 and step.phase_s["rollout"] > 0
+
+
+def test_the_progress_line_says_the_time_elapsed_and_left_at_the_pace_so_far():
+    from benchmarks.run.grpo import progress
+
+    assert progress(0.0, 0, 5) == "(0:00 elapsed)"
+    assert progress(150.0, 2, 5) == "(2:30 elapsed, ~3:45 left)"  # 75 s each, three to go

@@ -717,7 +717,11 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (),
         on_slurm = cluster.kind() == "slurm"
         submitted = submit_to_slurm(jobs, budget, Path(logs), timeout_s, gpus) if on_slurm else {}
         for number, (name, _) in enumerate(todo, 1):
-            print(f"[{number}/{len(todo)}] {name} ...", end=" ", flush=True)
+            print(
+                f"[{number}/{len(todo)}] {progress(time.monotonic() - started, number - 1, len(todo))} {name} ...",
+                end=" ",
+                flush=True,
+            )
             levers, job, log = resolved[number], jobs[number], Path(logs) / f"{number}.log"
             if on_slurm:
                 ran = slurm_record(submitted[number])
@@ -736,6 +740,16 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (),
         else:
             result.targets = targets(result.configurations, wall, quick)
     return path
+
+
+def progress(elapsed_s: float, done: int, total: int) -> str:
+    """Elapsed time, and the time left at the pace so far (the mean of the configurations done)."""
+
+    def clock(seconds: float) -> str:
+        return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+    left = f", ~{clock(elapsed_s / done * (total - done))} left" if done else ""
+    return f"({clock(elapsed_s)} elapsed{left})"
 
 
 def targets(records: list[schema.Configuration], wall_s: float, quick: bool) -> list[schema.Target]:
