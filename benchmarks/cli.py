@@ -217,11 +217,7 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         hold = f"; vllm_gpu_memory_utilization >= {share:.2f} would hold it" if share <= 1 else ""
         print(f"{est.engine_cannot_start}{hold}")
     if not fits:
-        for label, change in tables.LADDER:  # the lightest lever set, over these levers, on as many GPUs
-            if hardware.size_class == "cpu" and (
-                change.get("model") == "qlora" or change.get("vllm_enable_sleep_mode")
-            ):
-                continue  # 4-bit bitsandbytes and vLLM sleep mode need CUDA
+        for label, change in tables.ladder(hardware):  # the lightest lever set, over these levers, on as many GPUs
             lighter = replace(levers, **change)
             if profiles.combination_problem(lighter) is None and predict(lighter).fits(capacity):
                 print(f"on {gpus} x {hardware.name}, {label} would hold it ({change})")

@@ -108,8 +108,11 @@ def test_device_memory_counts_this_run_s_processes_on_its_own_devices_above_a_ba
     nvml = FakeNVML(used, unused)
     memory = devices.DeviceMemory(nvml, devices.describe(nvml)[:1])  # baseline: 6 GiB used
     used["used"], used["processes"] = 16 * GIB, {**other, 100: 1 * GIB, 200: 9 * GIB}
-    assert memory.read({100, 101, 200}) == (10 * GIB, 10 * GIB)  # 101 is on a device we do not use
-    assert memory.read({12345}) == (None, 10 * GIB)  # NVML lists none of ours (hidden PIDs): the device figure
+    assert memory.read({0: {100, 101, 200}}) == ({0: 10 * GIB}, 10 * GIB)  # 101 is on a device we do not use
+    # NVML lists none of ours (hidden PIDs): the device figure
+    assert memory.read({0: {12345}}) == ({0: None}, 10 * GIB)
+    # one sweep for every rank: each its own processes' bytes
+    assert memory.read({0: {100}, 1: {200}, 2: {12345}}) == ({0: 1 * GIB, 1: 9 * GIB, 2: None}, 10 * GIB)
 
 
 def test_unified_memory_answering_not_supported_falls_back_to_meminfo_and_says_so(tmp_path):
@@ -120,7 +123,7 @@ def test_unified_memory_answering_not_supported_falls_back_to_meminfo_and_says_s
     assert described.memory_gib == 128.0 and "NOT_SUPPORTED" in described.memory_source
     memory = devices.DeviceMemory(nvml, [described], meminfo)  # baseline: 8 GiB used
     meminfo.write_text(f"MemTotal:       {128 * 2**20} kB\nMemAvailable:   {100 * 2**20} kB\n")
-    assert memory.read({1}) == (None, 20 * GIB)
+    assert memory.read({0: {1}}) == ({0: None}, 20 * GIB)
     assert "/proc/meminfo" in memory.source
     assert cli.detect(nvml)[:2] == ("spark", "spark")
 

@@ -89,6 +89,14 @@ def _vllm_share(levers: Levers, shape_name: str, hardware: Hardware) -> Levers:
     return replace(levers, vllm_gpu_memory_utilization=min(0.95, 1.1 * need / (hardware.memory_gib * GIB)))
 
 
+def ladder(hardware: Hardware) -> list[tuple[str, dict]]:
+    """The lever sets of LADDER that ``hardware`` can run: on a CPU neither QLoRA's 4-bit bitsandbytes
+    nor vLLM sleep mode, both CUDA only."""
+    if hardware.size_class != "cpu":
+        return list(LADDER)
+    return [(label, c) for label, c in LADDER if c.get("model") != "qlora" and not c.get("vllm_enable_sleep_mode")]
+
+
 def predicted_cell(shape_name: str, hardware: Hardware) -> tuple[int, str, float] | None:
     """The fewest GPUs of ``hardware`` (``GPU_COUNTS``: 1, 2, 4, 8, then 8-GPU machines) and the first
     lever set of LADDER on them whose predicted peak per GPU fits, with that peak; many GPUs run ZeRO-3
@@ -96,11 +104,7 @@ def predicted_cell(shape_name: str, hardware: Hardware) -> tuple[int, str, float
     shape = load_shapes()[shape_name]
     counts = (1,) if hardware.size_class == "cpu" else GPU_COUNTS
     for count in counts:
-        for label, change in LADDER:
-            if hardware.size_class == "cpu" and (
-                change.get("model") == "qlora" or change.get("vllm_enable_sleep_mode")
-            ):
-                continue  # 4-bit bitsandbytes and vLLM sleep mode need CUDA
+        for label, change in ladder(hardware):
             levers = _vllm_share(on_gpus(replace(SIZING_BASE, **change), count), shape_name, hardware)
             predicted = estimate(shape, SIZING_DTYPE, levers, SIZING_WORKLOAD, hardware)
             if predicted.fits(hardware.memory_gib * GIB):

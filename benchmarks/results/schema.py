@@ -111,6 +111,11 @@ class Target:
     limit: float
     met: bool | None
 
+    @classmethod
+    def at_most(cls, claim: str, measured: float | None, limit: float) -> Target:
+        """A target met when ``measured`` is at most ``limit``; not measured (None) where nothing was."""
+        return cls(claim=claim, measured=measured, limit=limit, met=None if measured is None else measured <= limit)
+
 
 @dataclass(kw_only=True)
 class GrpoSettings:

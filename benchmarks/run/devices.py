@@ -172,17 +172,19 @@ class DeviceMemory:
             return meminfo_bytes(self.meminfo)[1]
         return sum(self.nvml.nvmlDeviceGetMemoryInfo(h).used for h in self.handles)
 
-    def read(self, pids: set[int]) -> tuple[int | None, int]:
-        """(bytes NVML attributes to ``pids`` on these devices, or None where it lists none of
-        them; bytes used on these devices above the baseline)."""
-        held, listed = 0, False
+    def read(self, groups: dict[Any, set[int]]) -> tuple[dict[Any, int | None], int]:
+        """One sweep of these devices: per group of PIDs (a rank's processes), the bytes NVML attributes
+        to them, or None where it lists none of them; and the bytes used above the baseline."""
+        held: dict[Any, int | None] = dict.fromkeys(groups)
         for handle in self.handles:
             try:
                 processes = self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             except self.nvml.NVMLError:  # NOT_SUPPORTED on unified memory: the device figure stands
                 continue
             for process in processes:
-                if process.pid in pids and process.usedGpuMemory is not None:
-                    held += process.usedGpuMemory
-                    listed = True
-        return (held if listed else None), max(0, self._used() - self.baseline)
+                if process.usedGpuMemory is None:
+                    continue
+                for group, pids in groups.items():
+                    if process.pid in pids:
+                        held[group] = (held[group] or 0) + process.usedGpuMemory
+        return held, max(0, self._used() - self.baseline)

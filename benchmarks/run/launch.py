@@ -68,9 +68,10 @@ def deepspeed_config(levers: dict) -> dict[str, Any]:
             # DeepSpeed's defaults (1e9 elements each) are sized for models far past a billion parameters:
             # below that they keep the whole model gathered through forward and backward, and make the
             # fp32 partition one tensor that each of AdamW's temporaries copies whole. A tenth of that
-            # keeps ZeRO-3 partitioned on the small shapes too (seen here, 0.5B in fp32 on 2 ranks: a rank
-            # peaked at 11-12 GiB with the defaults, 10.7 GiB with these); on large models it changes
-            # only how many pieces each is done in.
+            # keeps ZeRO-3 partitioned on the small shapes too (0.5B in fp32 on 2 ranks here: a rank peaked
+            # at 9.55 GiB with these, results/runs/cpu/20261130T200906Z-distributed.json; the defaults were
+            # tried only before the harness counted a fork's shared pages once, so no like figure for
+            # them); on large models it changes only how many pieces each is done in.
             "stage3_max_live_parameters": 100_000_000,
             "stage3_max_reuse_distance": 100_000_000,
             "sub_group_size": 100_000_000,

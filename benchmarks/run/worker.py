@@ -235,6 +235,9 @@ def varied_reward(completions: list, **kwargs: Any) -> list[float]:
     return [(sum(map(ord, text)) % 97) / 97 for text in texts]
 
 
+SERVER_NEEDS_CUDA = "TRL syncs weights to a vLLM server only over CUDA (trl/generation/vllm_client.py)"
+
+
 def skip_reason(job: dict, cuda: bool) -> str | None:
     """Why this configuration cannot run on this machine, or None."""
     levers = job["levers"]
@@ -248,7 +251,7 @@ def skip_reason(job: dict, cuda: bool) -> str | None:
         except ImportError as error:
             return f"vLLM is not installed in this environment ({error})"
         if levers["vllm_mode"] == "server" and not cuda:
-            return "TRL syncs weights to a vLLM server only over CUDA (trl/generation/vllm_client.py)"
+            return SERVER_NEEDS_CUDA
     if levers["optim"].endswith("8bit"):
         try:
             import bitsandbytes  # noqa: F401
