@@ -33,7 +33,7 @@ from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.model import estimate
 from benchmarks.report import compare, figures, tables
 from benchmarks.results import schema
-from benchmarks.run import context, decode, devices, grpo, machine
+from benchmarks.run import context, decode, devices, grpo, machine, pace
 
 RESULTS = REPO / "results" / "runs"
 
@@ -400,8 +400,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"profile {profile.name}{' (quick)' if args.quick else ''}: {profile.question}")
     started = time.monotonic()
-    for part in parts:
-        print(f"\n== {part} ==", flush=True)
+    calibration = pace.calibrate()
+    print(
+        f"calibration ({time.monotonic() - started:.1f} s): Python {calibration.python_s * 1e3:.0f} ms, "
+        f"interpreter start {calibration.spawn_s * 1e3:.0f} ms, fp32 tensor work {calibration.torch_s * 1e3:.0f} ms"
+    )
+    estimates = pace.estimate_run(args.out, profile, parts, args.quick, calibration, configuration_filter)
+    print(pace.estimate_line(estimates), flush=True)
+    whole_profile = len(parts) == len(profile.parts) and configuration_filter is None
+    for number, (part, estimated) in enumerate(zip(parts, estimates, strict=True), 1):
+        print(f"\n== {part} == ({pace.clock(time.monotonic() - started)} elapsed)", flush=True)
+        part_started = time.monotonic()
         if part == "rewards":
             path = run_rewards(profile, args.quick, args.out)
             print_rewards_summary(path)
@@ -413,6 +422,22 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path = grpo.run_grpo(profile, args.quick, args.out, configuration_filter, part)
             grpo.print_summary(path)
+        ended = time.monotonic()
+        record = schema.Pace(
+            calibration=calibration,
+            part_s=ended - part_started,
+            estimated_s=estimated.seconds,
+            reference=estimated.reference,
+            scale=estimated.scale,
+        )
+        if number == len(parts):  # the last part's file holds the whole run's time and targets
+            record.run_s, record.run_estimated_s = ended - started, pace.whole_estimate(estimates)
+            limit_min = profile.time_limit_min if whole_profile else None
+            record.run_targets = pace.run_targets(profile.name, limit_min, record.run_s, record.run_estimated_s)
+        pace.record(path, record)
         print(f"\nwrote {shown(path)}")
-    print(f"profile {profile.name} took {time.monotonic() - started:.0f} s")
+    print(f"profile {profile.name} took {pace.clock(time.monotonic() - started)}")
+    for target in record.run_targets:
+        met = {True: "met", False: "MISSED", None: "not measured"}[target.met]
+        print(f"target: {target.claim}: {met} (measured {target.measured}, limit {target.limit})")
     return 0

@@ -16,10 +16,32 @@ def test_every_profile_loads(name, quick):
     assert set(loaded.rewards.formats) <= set(profiles.FORMATS)
 
 
-def test_cpu_profile_runs_every_reward_case_the_issue_names():
-    rewards = profiles.load("cpu").rewards
+@pytest.mark.parametrize("name", ["cpu", "cpu-full"])
+def test_cpu_profiles_run_every_reward_case_the_issue_names(name):
+    rewards = profiles.load(name).rewards
     assert rewards.batch_sizes == (8, 64, 512) and rewards.words == (100, 2000)
-    assert set(rewards.formats) == {"str", "conversational"} and rewards.seed_execution_batch == 64
+    assert set(rewards.formats) == {"str", "conversational"} and rewards.seed_execution_batch in rewards.batch_sizes
+
+
+def test_the_default_cpu_profile_varies_one_lever_at_a_time_and_sets_its_time_limit():
+    profile = profiles.load("cpu")
+    base = dataclasses.asdict(profile.grpo.levers)
+    changed = [
+        {k for k, v in dataclasses.asdict(levers).items() if v != base[k]}
+        for _, levers in profiles.configurations(profile.grpo)
+    ]
+    assert changed == [
+        set(),
+        {"optim"},
+        {"gradient_checkpointing"},
+        {"use_vllm"},
+        {"model"},
+        {"model", "beta"},
+        {"beta"},
+        {"use_vllm", "vllm_mode"},
+        {"use_vllm", "vllm_enable_sleep_mode"},
+    ]
+    assert profile.time_limit_min == 15 and profiles.load("cpu", quick=True).time_limit_min == 2
 
 
 @pytest.fixture

@@ -165,6 +165,7 @@ class Profile:
     grpo: GrpoBench | None = None
     distributed: GrpoBench | None = None  # GRPO steps on many ranks: the same bench, its levers spread over ranks
     context: ContextBench | None = None
+    time_limit_min: float | None = None  # the whole profile's time target, recorded in its last part's file
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

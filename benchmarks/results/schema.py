@@ -183,6 +183,31 @@ class Commit:
 
 
 @dataclass(kw_only=True)
+class Calibration:
+    """A few seconds of fixed work, timed before a profile runs (``benchmarks.run.pace``): how fast this
+    machine does what the parts do, to scale an earlier run's times by."""
+
+    python_s: float  # a fixed pure-Python workload (regular expressions, JSON), one thread
+    spawn_s: float  # starting an isolated interpreter, the median of several
+    torch_s: float  # a fixed fp32 forward and backward through MLP blocks, every core
+
+
+@dataclass(kw_only=True)
+class Pace:
+    """How long a part took against what was estimated before it started. The last part of a run also
+    holds the whole run's time, its estimate and the profile's time targets."""
+
+    calibration: Calibration
+    part_s: float
+    estimated_s: float | None  # None: no earlier run of this profile and part here to scale
+    reference: str | None  # the result file the estimate scaled, under results/runs
+    scale: float | None = None  # this machine's calibration over the reference's, for this part
+    run_s: float | None = None
+    run_estimated_s: float | None = None
+    run_targets: list[Target] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
 class RunFile:
     """What every result file of the harness opens with: kind and schema, when, where, with what,
     from which commit, the resolved profile; whether the run is complete and why it ended early."""
@@ -199,6 +224,7 @@ class RunFile:
     finished: str | None = None
     ended_early: str | None = None
     targets: list[Target] = field(default_factory=list)
+    pace: Pace | None = None  # written when the part has ended (python -m benchmarks bench)
 
 
 @dataclass(kw_only=True)
@@ -610,6 +636,7 @@ class RewardsBlock:
     quick: bool = False
     complete: bool = True
     rewritten: dict[str, str] | None = None
+    pace: Pace | None = None
 
 
 @dataclass(kw_only=True)

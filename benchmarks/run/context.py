@@ -2,8 +2,10 @@
 
 For a shape, a lever set and a budget, each contender stack (its own venv: noxfile.py) gets
 the longest completion (prompt fixed) for which one whole GRPO step (rollout, loss, backward,
-optimizer) stays within the budget: doubling from ``start_tokens``, then bisection until the
-first failing length is within ``resolution`` of the last passing one. Every probe is a fresh
+optimizer) stays within the budget, until the first failing length is within ``resolution`` of the
+last passing one: ``guided_search`` (the next length where the measured peaks and the analytic model
+say the budget ends); ``search`` (doubling from ``start_tokens``, then bisection) is the model's
+own search and the guided one's reference. Every probe is a fresh
 worker process (``benchmarks.run.worker``, run by the contender's interpreter) and is recorded.
 The budget is the peak RSS of the worker tree on CPU (the parent's sampler stops a tree above
 it) and ``torch.cuda.set_per_process_memory_fraction`` on CUDA.
@@ -94,41 +96,74 @@ def search(
 
 
 def guided_search(
-    fits: Callable[[int], bool],
-    boundary: Callable[[], int | None],
+    probe: Callable[[int], tuple[bool, int | None]],
+    modelled: Callable[[int], int],
+    budget: int,
     start: int,
     ceiling: int,
     resolution: float,
     granule: int,
 ) -> tuple:
-    """The model-guided search: probe ``start``; where it fits, ask ``boundary()`` (the model anchored on
-    that probe's measured peak) for the longest length that fits, probe there and one resolution step
-    beyond it (or below it where it does not fit), and bisect only what is left: three probes where the
-    model is right within the resolution. Where ``start`` does not fit or the model has no answer, it
-    goes on as ``search``; its result is ``search``'s (the same bracket, the same resolution)."""
-    if not fits(start):
-        return search(fits, start, ceiling, resolution, granule, failed=start)
-    passed, failed = start, None
-    guess = boundary()
-    if guess is not None:
-        guess = min(ceiling, max(passed + granule, round(guess / granule) * granule))
-        if fits(guess):
-            passed = guess
-            above = min(ceiling, max(guess + granule, -(-round(guess * (1 + resolution)) // granule) * granule))
-            if passed < ceiling:
-                if fits(above):
-                    passed = above
-                else:
-                    failed = above
+    """The model-guided search, to the full search's bracket and resolution in fewer probes.
+
+    ``probe(length)`` runs a step: (whether it fitted, its measured peak). ``modelled(length)`` is the
+    analytic model's peak. After each probe the next length is the search's best guess of the boundary:
+    a secant through the two longest fitting probes' measured peaks where their peaks grow, else the
+    model anchored on the longest fitting probe (its peak plus the model's growth from there). A guess
+    past the first failing length goes one resolution step under it (once: the model was nearly right);
+    otherwise a guess outside the bracket, or a bracket within two resolution steps, is split in log space. Each
+    length lies at least a resolution step inside the bracket, so that a right guess closes it with the
+    next probe. Where ``start`` does not fit, lengths halve as in ``search``. Returns ``search``'s
+    ``(last_pass, first_fail)``."""
+
+    def down(length: float) -> int:
+        return max(granule, int(length) // granule * granule)
+
+    fitting: list[tuple[int, int]] = []  # (length, measured peak) of every fitting probe
+    passed = failed = None
+    length, stepped_below = start, False
+    while True:
+        fits, peak = probe(length)
+        if fits:
+            passed = length
+            if peak:
+                fitting.append((length, peak))
         else:
-            failed = guess
-            below = max(granule, round(guess / (1 + resolution)) // granule * granule)
-            if passed < below < failed:
-                if fits(below):
-                    passed = below
-                else:
-                    failed = below
-    return search(fits, start, ceiling, resolution, granule, passed=passed, failed=failed)
+            failed = length
+        if passed is None:  # nothing fits yet: halve, as the full search does
+            if length <= granule:
+                return None, failed
+            length = down(length / 2)
+            continue
+        if failed is None and passed >= ceiling:
+            return passed, None
+        if failed is not None and (failed - passed <= granule or failed <= passed * (1 + resolution)):
+            return passed, failed
+        high = failed if failed is not None else ceiling
+        guess = _boundary_guess(sorted(fitting), modelled, budget, passed, high, granule)
+        if failed is not None and guess >= failed and not stepped_below:  # just past the guess: one step under
+            guess, stepped_below = failed / (1 + resolution), True
+        elif failed is not None and (failed <= passed * (1 + resolution) ** 2 or not passed < guess < failed):
+            guess = (passed * failed) ** 0.5
+        lowest, highest = passed * (1 + resolution), high / (1 + resolution) if failed is not None else high
+        length = down(min(max(guess, lowest), highest))
+        length = min(max(length, passed + granule), high - granule if failed is not None else high)
+
+
+def _boundary_guess(
+    fitting: list[tuple[int, int]], modelled: Callable[[int], int], budget: int, passed: int, high: int, granule: int
+) -> float:
+    """Where the budget ends: the secant through the two longest fitting probes where their peaks grow,
+    else the model anchored on the longest fitting probe (or ``passed`` where none has a peak)."""
+    if len(fitting) >= 2 and fitting[-1][1] > fitting[-2][1]:
+        (a, peak_a), (b, peak_b) = fitting[-2:]
+        return b + (budget - peak_b) * (b - a) / (peak_b - peak_a)
+    if not fitting:
+        return float(passed)
+    anchor, peak = fitting[-1]
+    offset = peak - modelled(anchor)
+    longest, _ = search(lambda n: offset + modelled(n) <= budget, anchor, high, 0.0, granule)
+    return float(longest or anchor)
 
 
 def predicted_max(shape: Shape, settings: ContextBench, levers: Levers, hardware: Hardware, path: str) -> int | None:
@@ -193,11 +228,17 @@ def _probe_record(length: int, record: schema.WorkerRecord, predicted_peak: int,
     )
 
 
+def contender_levers(name: str, settings: ContextBench) -> Levers:
+    """The search's levers with the contender's own over them (those that are levers)."""
+    own = CONTENDERS[name].levers
+    return replace(settings.levers, **{k: v for k, v in own.items() if hasattr(settings.levers, k)})
+
+
 def run_contender(
     name: str, python: str | None, settings: ContextBench, model_dir: Path, hardware: Hardware, cuda: bool, logs: Path
 ) -> schema.ContenderRun:
     contender = CONTENDERS[name]
-    levers = replace(settings.levers, **{k: v for k, v in contender.levers.items() if hasattr(settings.levers, k)})
+    levers = contender_levers(name, settings)
     shape = load_shapes()[settings.shape]
     entry = schema.ContenderRun(
         name=name,
@@ -225,10 +266,13 @@ def run_contender(
         "memory_budget_bytes": budget if cuda else None,  # the worker: this over the device's own total
     }
 
-    def fits(length: int) -> bool:
-        job = {**job_base, "levers": asdict(replace(levers, max_completion_length=length))}
+    def modelled(length: int) -> int:
         work = Workload.of(levers, settings.prompt_words, length)
-        predicted = estimate(shape, settings.dtype, levers, work, hardware, entry.logits_path).peak
+        return estimate(shape, settings.dtype, levers, work, hardware, entry.logits_path).peak
+
+    def probe(length: int) -> tuple[bool, int | None]:
+        job = {**job_base, "levers": asdict(replace(levers, max_completion_length=length))}
+        predicted = modelled(length)
         started = time.monotonic()
         record = run_configuration(
             job,
@@ -237,20 +281,17 @@ def run_contender(
             python=python,
             timeout_s=settings.probe_timeout_s,
         )
-        probe = _probe_record(length, record, predicted, time.monotonic() - started)
-        entry.probes.append(probe)
+        probed = _probe_record(length, record, predicted, time.monotonic() - started)
+        entry.probes.append(probed)
         entry.versions = entry.versions or record.versions
-        print(f"  {name} {length:>6} tokens: {_probe_line(probe)}", flush=True)
+        print(f"  {name} {length:>6} tokens: {_probe_line(probed)}", flush=True)
         if record.status not in ("ok", "oom"):
             raise ProbeFailed(f"{record.status} at {length} tokens: {record.reason}")
-        return probe.fits
-
-    def boundary() -> int | None:  # the model anchored on the probes so far: where it says the budget ends
-        return anchored_max(shape, settings, levers, hardware, entry.logits_path, entry.probes)
+        return probed.fits, probed.peak_bytes
 
     try:
         passed, failed = guided_search(
-            fits, boundary, settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule
+            probe, modelled, budget, settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule
         )
     except ProbeFailed as error:
         entry.status, entry.reason = "error", str(error)
@@ -368,7 +409,9 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
         **asdict(settings),
         "searched": (
             f"completion length, prompt fixed at {settings.prompt_words} tokens; model-guided (the first probe, then "
-            "the analytic model anchored on it, one resolution step either side, bisection of what is left)"
+            "each next length at the boundary's best guess: a secant through the two longest fitting probes' peaks, "
+            "else the analytic model anchored on the longest fitting probe; log-space bisection where a guess "
+            "leaves the bracket)"
         ),
         "budget_enforced_by": enforced,
         "completions_per_step": settings.levers.per_device_train_batch_size,

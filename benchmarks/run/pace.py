@@ -1,0 +1,220 @@
+"""How long a profile takes here, said before it starts and checked after it ends.
+
+A few seconds of calibration time fixed work of the three kinds the parts do (pure Python, starting
+an interpreter, fp32 tensor work on every core). Each part's estimate is the newest earlier run of
+the same profile and part on the same hardware class (a result file with a calibration of its own),
+scaled by how much slower this machine did the same calibration work: the reward rows by the Python
+and interpreter-start figures, the parts that run models by the tensor and Python figures. Where no
+such run exists, the part has no estimate and the line says so; nothing is guessed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.catalog.profiles import GRPO_PARTS, Profile, configurations
+from benchmarks.results import schema
+
+# Which calibration figures a part's time follows (the geometric mean of their ratios).
+FOLLOWS = {
+    "rewards": ("python_s", "spawn_s"),  # regex and JSON rows; one sandboxed interpreter per completion
+    "decode": ("torch_s", "python_s"),  # matmuls, and generate's per-token Python
+    "grpo": ("torch_s", "python_s"),  # steps, and each worker's imports and model load
+    "distributed": ("torch_s", "python_s"),
+}
+ESTIMATE_WITHIN = 0.25  # the whole-run estimate's target: within 25% of the real time
+
+
+def _python_work() -> None:
+    words = " ".join(f"w{i}" for i in range(2000))
+    pattern = re.compile(r"<answer>(.*?)</answer>", re.S)
+    for i in range(200):
+        text = f"<reasoning>{words}</reasoning><answer>{i}</answer>"
+        json.loads(json.dumps({"steps": text.split()[:200], "answer": pattern.search(text).group(1)}))
+
+
+def _torch_work() -> None:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    blocks = [torch.nn.Linear(576, 1536), torch.nn.Linear(1536, 576)] * 2
+    inputs = torch.randn(512, 576, generator=generator)
+    for _ in range(8):
+        out = inputs
+        for block in blocks:
+            out = torch.nn.functional.silu(block(out))
+        out.sum().backward()
+
+
+def _timed(work: Callable[[], None], repeats: int = 3) -> float:
+    """The fastest of ``repeats`` runs (the first also warms caches)."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def calibrate() -> schema.Calibration:
+    """About two seconds of fixed work on this machine."""
+
+    def spawn() -> None:
+        subprocess.run([sys.executable, "-I", "-c", "pass"], check=True)
+
+    spawns = [_timed(spawn, 1) for _ in range(5)]
+    return schema.Calibration(
+        python_s=_timed(_python_work), spawn_s=statistics.median(spawns), torch_s=_timed(_torch_work)
+    )
+
+
+def scale(now: schema.Calibration, then: schema.Calibration, part: str) -> float:
+    """How much longer ``part`` takes here than on the machine calibrated ``then``."""
+    ratios = [getattr(now, name) / getattr(then, name) for name in FOLLOWS[part]]
+    return math.prod(ratios) ** (1 / len(ratios))
+
+
+def pace_of(record: object) -> schema.Pace | None:
+    block = record.grpo_bench if isinstance(record, schema.RewardsFile) else record
+    return getattr(block, "pace", None)
+
+
+def profile_name(record: object) -> str:
+    if isinstance(record, schema.RewardsFile):
+        return record.grpo_bench.profile.get("name", "")
+    return record.profile.name
+
+
+@dataclass(frozen=True)
+class PartEstimate:
+    part: str
+    seconds: float | None
+    reference: str | None  # the result file scaled
+    scale: float | None
+    why_none: str = ""
+
+
+def reference(results: list[schema.Result], profile: Profile, part: str, quick: bool) -> schema.Result | None:
+    """The newest complete run of ``part`` with ``profile`` (same name, hardware class and --quick)
+    that recorded its pace."""
+    found = [
+        r
+        for r in results
+        if r.kind == part
+        and r.hardware == profile.hardware
+        and r.quick == quick
+        and r.complete
+        and profile_name(r.record) == profile.name
+        and pace_of(r.record) is not None
+    ]
+    return max(found, key=lambda r: r.record.started if part != "rewards" else r.record.datetime, default=None)
+
+
+def share(record: object, names: Sequence[str] | None) -> float:
+    """The part of a GRPO run's time that ``names`` (its configurations to run now) took then; every
+    configuration: 1. A name the reference lacks counts as its mean configuration."""
+    configurations = getattr(record, "configurations", None)
+    if names is None or not configurations:
+        return 1.0
+    walls = {c.name: c.harness.wall_s for c in configurations if c.harness}
+    mean = statistics.fmean(walls.values()) if walls else 0.0
+    total = sum(walls.values())
+    return sum(walls.get(name, mean) for name in names) / total if total else 1.0
+
+
+def estimate_part(
+    results: list[schema.Result],
+    profile: Profile,
+    part: str,
+    quick: bool,
+    calibration: schema.Calibration,
+    names: Sequence[str] | None = None,
+) -> PartEstimate:
+    """``part``'s time here: its reference run's, scaled by the calibrations (and, for a GRPO part run
+    with --only, by the share its configurations took then)."""
+    found = reference(results, profile, part, quick)
+    if found is None:
+        return PartEstimate(part, None, None, None, f"no earlier {part} run of profile {profile.name} with a pace here")
+    then = pace_of(found.record)
+    factor = scale(calibration, then.calibration, part)
+    return PartEstimate(part, then.part_s * factor * share(found.record, names), found.path, factor)
+
+
+def estimate_run(
+    results_dir: Path,
+    profile: Profile,
+    parts: Sequence[str],
+    quick: bool,
+    calibration: schema.Calibration,
+    patterns: Sequence[str] | None = None,
+) -> list[PartEstimate]:
+    """Every part's estimate from the result files under ``results_dir``; ``patterns``: --only's
+    configuration names, where it chose configurations rather than parts."""
+    try:
+        results = schema.load_results(results_dir)
+    except (OSError, ValueError) as error:  # no results yet, or one that does not read: no estimate
+        return [PartEstimate(part, None, None, None, f"no earlier runs to scale ({error})") for part in parts]
+    return [
+        estimate_part(results, profile, part, quick, calibration, configuration_names(profile, part, patterns))
+        for part in parts
+    ]
+
+
+def configuration_names(profile: Profile, part: str, patterns: Sequence[str] | None) -> list[str] | None:
+    """The GRPO configurations of ``part`` that ``patterns`` choose, or None: all of them."""
+    bench = getattr(profile, part, None) if part in GRPO_PARTS else None
+    if bench is None or patterns is None:
+        return None
+    return [name for name, _ in configurations(bench) if any(fnmatch.fnmatch(name, x) for x in patterns)]
+
+
+def clock(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+def estimate_line(estimates: list[PartEstimate]) -> str:
+    """What is printed before the run starts: the whole estimate, each part's, and what it scaled."""
+    parts = [
+        f"{e.part} ~{clock(e.seconds)} ({e.reference} x{e.scale:.2f})" if e.seconds is not None else e.why_none
+        for e in estimates
+    ]
+    whole = whole_estimate(estimates)
+    head = f"estimate: ~{clock(whole)} in all" if whole is not None else "estimate: none for the whole run"
+    return f"{head}; " + "; ".join(parts)
+
+
+def whole_estimate(estimates: list[PartEstimate]) -> float | None:
+    if any(e.seconds is None for e in estimates):
+        return None
+    return sum(e.seconds for e in estimates)
+
+
+def run_targets(profile: str, limit_min: float | None, run_s: float, estimated_s: float | None) -> list[schema.Target]:
+    """The whole run's targets: the profile's time limit (where it sets one and the whole profile ran)
+    and the estimate's error."""
+    targets = []
+    if limit_min:
+        claim = f"the whole {profile} profile finishes within {limit_min:g} minutes"
+        targets.append(schema.Target.at_most(claim, run_s, limit_min * 60))
+    error = abs(estimated_s / run_s - 1) if estimated_s is not None and run_s > 0 else None
+    claim = f"the whole-run estimate printed at the start within {ESTIMATE_WITHIN:.0%} of the real time"
+    targets.append(schema.Target.at_most(claim, error, ESTIMATE_WITHIN))
+    return targets
+
+
+def record(path: Path, pace: schema.Pace) -> None:
+    """``pace`` into the part's result file, once the part has ended."""
+    run = schema.read_result(path, str(path)).record
+    block = run.grpo_bench if isinstance(run, schema.RewardsFile) else run
+    block.pace = pace
+    schema.write(path, run)

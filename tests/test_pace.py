@@ -1,0 +1,125 @@
+"""The whole-run estimate: calibrated, scaled from the newest earlier run of the same profile and part,
+and checked against the real time in the last part's file."""
+
+import dataclasses
+import json
+
+import pytest
+
+from benchmarks.catalog import profiles
+from benchmarks.results import schema
+from benchmarks.run import pace
+
+
+def calibration(python_s=1.0, spawn_s=1.0, torch_s=1.0):
+    return schema.Calibration(python_s=python_s, spawn_s=spawn_s, torch_s=torch_s)
+
+
+def test_calibration_times_each_kind_of_work():
+    measured = pace.calibrate()
+    assert 0 < measured.python_s < 10 and 0 < measured.spawn_s < 10 and 0 < measured.torch_s < 10
+
+
+def test_a_part_scales_by_the_figures_it_follows_only():
+    then = calibration()
+    now = calibration(python_s=2.0, spawn_s=8.0, torch_s=0.5)
+    assert pace.scale(now, then, "rewards") == pytest.approx(4.0)  # sqrt(2 x 8)
+    assert pace.scale(now, then, "grpo") == pytest.approx(1.0)  # sqrt(0.5 x 2)
+
+
+@pytest.fixture
+def results_dir(tmp_path, grpo_run):
+    """Two cpu-profile GRPO runs with a pace (the newer one 100 s), one of another profile, one without."""
+
+    def configuration(name, wall_s):
+        return schema.Configuration(
+            name=name,
+            levers={},
+            status="ok",
+            harness=schema.Harness(wall_s=wall_s, sampler_cpu_s=0, samples=1, overhead_fraction=0),
+        )
+
+    def write(stamp, profile_name, part_s, with_pace=True, quick=False):
+        run = grpo_run(
+            configurations=[configuration("a", 30.0), configuration("b", 60.0)],
+            complete=True,
+            quick=quick,
+            pace=schema.Pace(calibration=calibration(), part_s=part_s, estimated_s=None, reference=None)
+            if with_pace
+            else None,
+        )
+        run.started = f"2026-12-0{stamp}T00:00:00+00:00"
+        run.profile = schema.ProfileRecord(hardware="cpu", name=profile_name)
+        schema.write(tmp_path / "cpu" / f"2026120{stamp}T000000Z-grpo.json", run)
+
+    write(1, "cpu", 50.0)
+    write(2, "cpu", 100.0)
+    write(3, "cpu-full", 1000.0)
+    write(4, "cpu", 7.0, with_pace=False)
+    write(5, "cpu", 3.0, quick=True)
+    return tmp_path
+
+
+def test_the_estimate_scales_the_newest_run_of_the_same_profile_part_and_quick(results_dir):
+    profile = profiles.load("cpu")
+    slower = calibration(python_s=2.0, torch_s=2.0)
+    [grpo] = pace.estimate_run(results_dir, profile, ["grpo"], False, slower)
+    assert grpo.seconds == pytest.approx(200.0) and grpo.reference == "cpu/20261202T000000Z-grpo.json"
+    [quick] = pace.estimate_run(results_dir, profile, ["grpo"], True, calibration())
+    assert quick.seconds == pytest.approx(3.0)
+
+
+def test_only_some_configurations_take_their_share_of_the_reference(results_dir):
+    profile = dataclasses.replace(
+        profiles.load("cpu"),
+        grpo=dataclasses.replace(profiles.load("cpu").grpo, matrix={}, extra=({"optim": "adamw_8bit"},)),
+    )
+    names = [name for name, _ in profiles.configurations(profile.grpo)]
+    assert pace.share(schema.read_result(results_dir / "cpu/20261202T000000Z-grpo.json", "x").record, ["b"]) == 2 / 3
+    [part] = pace.estimate_run(results_dir, profile, ["grpo"], False, calibration(), [names[0]])
+    assert part.seconds == pytest.approx(100.0 * 45 / 90)  # a name the reference lacks: its mean configuration
+
+
+def test_no_reference_no_estimate_and_the_line_says_why(results_dir, tmp_path):
+    profile = profiles.load("cpu")
+    estimates = pace.estimate_run(results_dir, profile, ["grpo", "decode"], False, calibration())
+    assert estimates[0].seconds and estimates[1].seconds is None and pace.whole_estimate(estimates) is None
+    line = pace.estimate_line(estimates)
+    assert line.startswith("estimate: none for the whole run") and "no earlier decode run of profile cpu" in line
+    [missing] = pace.estimate_run(tmp_path / "nowhere", profile, ["grpo"], False, calibration())
+    assert missing.seconds is None and "no earlier runs to scale" in missing.why_none
+
+
+def test_the_run_targets_hold_the_time_limit_and_the_estimate_error():
+    limit, error = pace.run_targets("cpu", 15, run_s=800.0, estimated_s=1000.0)
+    assert limit.met is True and limit.limit == 900 and error.measured == pytest.approx(0.25) and error.met is True
+    [unmeasured] = pace.run_targets("cpu", None, run_s=800.0, estimated_s=None)
+    assert unmeasured.met is None
+
+
+def test_the_pace_lands_in_a_grpo_file_and_in_a_rewards_block(tmp_path, grpo_run):
+    record = schema.Pace(calibration=calibration(), part_s=12.0, estimated_s=10.0, reference="cpu/x.json", scale=1.1)
+    grpo_path = tmp_path / "cpu" / "g-grpo.json"
+    schema.write(grpo_path, grpo_run(complete=True))
+    pace.record(grpo_path, record)
+    assert pace.pace_of(schema.read_result(grpo_path, "g").record).part_s == 12.0
+    rewards_path = tmp_path / "cpu" / "r-rewards.json"
+    rewards = {
+        "datetime": "2026-12-01T00:00:00",
+        "benchmarks": [],
+        "machine_info": {"kept": True},
+        "grpo_bench": {
+            "schema_version": 2,
+            "kind": "rewards",
+            "hardware_class": "cpu",
+            "profile": {"name": "cpu"},
+            "versions": {},
+            "sandbox": {},
+            "skipped": [],
+            "targets": [],
+        },
+    }
+    rewards_path.write_text(json.dumps(rewards))
+    pace.record(rewards_path, record)
+    written = json.loads(rewards_path.read_text())
+    assert written["grpo_bench"]["pace"]["estimated_s"] == 10.0 and written["machine_info"] == {"kept": True}
