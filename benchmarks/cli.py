@@ -438,6 +438,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nwrote {shown(path)}")
     print(f"profile {profile.name} took {pace.clock(time.monotonic() - started)}")
     for target in record.run_targets:
-        met = {True: "met", False: "MISSED", None: "not measured"}[target.met]
-        print(f"target: {target.claim}: {met} (measured {target.measured}, limit {target.limit})")
+        print(target.line())
     return 0

@@ -233,3 +233,39 @@ def test_a_budget_below_the_runtime_fits_nothing_and_every_probe_says_where(tiny
     assert result.max_completion_tokens is None and result.first_failing_tokens == 16
     assert [p.status for p in result.probes] == ["oom", "oom"]
     assert all(p.phase and "budget" in p.reason for p in result.probes)
+
+
+def test_a_search_is_checked_against_the_newest_earlier_search_of_the_same_settings():
+    settings = load("cpu").context
+    earlier = context.earlier_search(RESULTS, "cpu", settings)
+    assert earlier.file == "cpu/20261130T095535Z-context.json"
+    assert {name: c["max_completion_tokens"] for name, c in earlier.contenders.items()} == {
+        "trl-1.14.2": 160,
+        "trl-1.16": 256,
+        "unsloth-2026.10.9": 512,
+    }
+    assert context.earlier_search(RESULTS, "cpu", dataclasses.replace(settings, budget_gib=6.0)) is None
+    assert context.earlier_search(RESULTS, "h200", settings) is None
+
+    def run(name, best, probes):
+        probe = schema.Probe(
+            completion_tokens=best,
+            status="ok",
+            fits=True,
+            peak_bytes=1,
+            peak_measure="",
+            predicted_peak_bytes=1,
+            wall_s=1,
+        )
+        return schema.ContenderRun(
+            name=name, role="", stack="trl", logits_path="", status="measured", probes=[probe] * probes,
+            max_completion_tokens=best,
+        )  # fmt: skip
+
+    took, probes, agree = context.search_targets(
+        [run("trl-1.14.2", 176, 3), run("trl-1.16", 256, 5)], earlier, settings.resolution, 600.0
+    )
+    assert took.met and probes.measured == 5 and probes.met is False
+    assert agree.measured == pytest.approx(0.1) and agree.met and earlier.file in agree.claim
+    *_, unmeasured = context.search_targets([run("trl-1.16", 256, 3)], None, settings.resolution, 600.0)
+    assert unmeasured.met is None and "none here" in unmeasured.claim

@@ -116,6 +116,11 @@ class Target:
         """A target met when ``measured`` is at most ``limit``; not measured (None) where nothing was."""
         return cls(claim=claim, measured=measured, limit=limit, met=None if measured is None else measured <= limit)
 
+    def line(self) -> str:
+        """The target as a run prints it."""
+        met = {True: "met", False: "MISSED", None: "not measured"}[self.met]
+        return f"target: {self.claim}: {met} (measured {self.measured}, limit {self.limit})"
+
 
 @dataclass(kw_only=True)
 class GrpoSettings:
@@ -560,6 +565,15 @@ class LogitsShare:
 
 
 @dataclass(kw_only=True)
+class EarlierSearch:
+    """The newest earlier search of the same settings on the same hardware class, that this one is
+    checked against: its file, and per contender its maximum, first failing length and probe count."""
+
+    file: str
+    contenders: dict[str, dict[str, int | None]]
+
+
+@dataclass(kw_only=True)
 class ContextFile(RunFile):
     search: Search
     shape: ShapeRecord
@@ -567,6 +581,7 @@ class ContextFile(RunFile):
     ratios: dict[str, dict[str, float | None]] | None = None
     verdict: Verdict | None = None
     prediction: dict[str, LogitsShare] = field(default_factory=dict)
+    earlier: EarlierSearch | None = None
 
 
 @dataclass(kw_only=True)

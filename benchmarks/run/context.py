@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ UNSLOTH_CLAIM = (
     '"~7x longer context (can be more than 12x) vs. other optimized setups that use FA3, kernels & chunked losses"'
 )
 CLAIMED_RATIO = 7.0
+MAX_PROBES = 4  # per contender: the guided search's target
 
 
 class ProbeFailed(RuntimeError):
@@ -420,6 +421,7 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
         **machine.header("context", profile, False),
         search=schema.decode(schema.Search, search_settings, "search"),
         shape=machine.shape_record(settings.shape),
+        earlier=earlier_search(out, profile.hardware, settings),
     )
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as logs, schema.marked_incomplete(path, result):
@@ -439,8 +441,70 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
             if entry.max_completion_tokens
         }
         wall = time.monotonic() - started
-        result.targets = [schema.Target.at_most("the search finishes within 20 minutes", wall, 1200)]
+        result.targets = search_targets(result.contenders, result.earlier, settings.resolution, wall)
     return path
+
+
+SAME_SEARCH = ("shape", "dtype", "budget_gib", "prompt_words", "resolution", "granule")
+
+
+def earlier_search(results_dir: Path, hardware: str, settings: ContextBench) -> schema.EarlierSearch | None:
+    """The newest complete search under ``results_dir`` on ``hardware`` with these settings (shape, dtype,
+    budget, prompt, resolution, granule, levers), or None."""
+    try:
+        results = schema.load_results(results_dir)
+    except (OSError, ValueError):
+        return None
+    lever_names = {f.name for f in fields(Levers)}
+    same = [
+        r
+        for r in results
+        if r.kind == "context"
+        and r.hardware == hardware
+        and r.complete
+        and all(getattr(r.record.search, key) == getattr(settings, key) for key in SAME_SEARCH)
+        and Levers(**{k: v for k, v in r.record.search.levers.items() if k in lever_names}) == settings.levers
+    ]
+    if not same:
+        return None
+    newest = max(same, key=lambda r: r.record.started)
+    return schema.EarlierSearch(
+        file=newest.path,
+        contenders={
+            c.name: {
+                "max_completion_tokens": c.max_completion_tokens,
+                "first_failing_tokens": c.first_failing_tokens,
+                "probes": len(c.probes),
+            }
+            for c in newest.record.contenders
+            if c.status == "measured"
+        },
+    )
+
+
+def search_targets(
+    contenders: list[schema.ContenderRun], earlier: schema.EarlierSearch | None, resolution: float, wall_s: float
+) -> list[schema.Target]:
+    """The search's own targets, as measured: its time, its probes per contender, and its maxima
+    against the earlier search of the same settings (within one resolution step)."""
+    measured = [c for c in contenders if c.status == "measured"]
+    agreement = [
+        abs(c.max_completion_tokens / earlier.contenders[c.name]["max_completion_tokens"] - 1)
+        for c in measured
+        if earlier and c.max_completion_tokens and (earlier.contenders.get(c.name) or {}).get("max_completion_tokens")
+    ]
+    against = f" ({earlier.file})" if earlier else " (none here with these settings)"
+    return [
+        schema.Target.at_most("the search finishes within 20 minutes", wall_s, 1200),
+        schema.Target.at_most(
+            "at most 4 probes per contender", max((len(c.probes) for c in measured), default=None), MAX_PROBES
+        ),
+        schema.Target.at_most(
+            f"each contender's maximum within one resolution step of the earlier search's{against}",
+            max(agreement, default=None),
+            resolution,
+        ),
+    ]
 
 
 def print_context_summary(path: Path) -> None:
@@ -489,6 +553,12 @@ def print_context_summary(path: Path) -> None:
         "probe's measured peak (its fixed part replaced by the measurement)"
     )
     print(f"verdict: {run.verdict.text}")
+    if run.earlier:
+        print(f"earlier search of these settings: {run.earlier.file}")
+        for name, earlier in run.earlier.contenders.items():
+            print(f"  {name:20} max {earlier['max_completion_tokens']} in {earlier['probes']} probes")
+    for target in run.targets:
+        print(target.line())
 
 
 def _x(value: float | None) -> str:

@@ -825,8 +825,7 @@ def _one_line(record: schema.Configuration) -> str:
 def print_summary(path: Path) -> None:
     run = schema.read_result(path, str(path)).record
     for target in run.targets:
-        met = {True: "met", False: "MISSED", None: "not measured"}[target.met]
-        print(f"target: {target.claim}: {met} (measured {target.measured}, limit {target.limit})")
+        print(target.line())
     if not run.complete:
         print(f"INCOMPLETE: {run.ended_early or 'the run ended before its last configuration'}")
     phases = ("rollout", "logprob", "forward_backward", "optimizer")

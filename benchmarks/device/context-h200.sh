@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The max-context claim on one H200, as one command within 9 minutes: Unsloth's GPU path (its
+# efficient GRPO loss) against TRL 1.14.2 (materialised logits), TRL 1.16 (its tiled LM head) and
+# TRL 1.16 with Liger's kernels, at the budget of the h200 profile's [context] table (torch's allocator
+# capped at it), with the model-guided search. Each stack runs unmodified in its own interpreter: a
+# wrapper that puts that stack's packages, then the shared ones, before the machine's own.
+#
+# For a machine with torch, transformers 5.17, peft, accelerate, psutil, nvidia-ml-py, pyarrow, pandas
+# and xxhash but no TRL, datasets, bitsandbytes or Unsloth, and no network (the H200 lent to this
+# project). Once, on a machine that reaches PyPI, from the repository root:
+#
+#   bash benchmarks/device/context-h200.sh --prepare
+#
+# installs each stack's wheels (--no-deps: the GPU machine has torch and CUDA's libraries) for that
+# machine's Python 3.12 under .context-site/ (git-ignored), leaves out what no probe imports
+# (Unsloth's Studio app, bitsandbytes' libraries for CUDA before 13) and prints the size, which must
+# stay under 64 MiB with the tree. Then, on the GPU machine, in the repository root:
+#
+#   bash benchmarks/device/context-h200.sh     # with the device tool: carry=[".context-site"], timeout_s=600
+#
+# CONTEXT_SECONDS (default 510) bounds the whole search; a search cut there is written with
+# `complete: false`, and the contenders it reached are kept (the claim's pair runs first). Result files
+# land under $OUT (the device tool brings them back) or else results/runs; commit them under
+# results/runs/h200/. The wheel list follows each wheel's metadata; it has not yet run on the device.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+site=.context-site
+
+if [ "${1:-}" = "--prepare" ]; then
+  install() {  # a stack's directory, then its wheels
+    local target="$site/$1"
+    shift
+    python3 -m pip install -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 --platform any --no-compile --target "$target" "$@"
+  }
+  rm -rf "$site"
+  # What every TRL needs beyond the machine's packages (datasets below 5: Unsloth's bound), and
+  # bitsandbytes, which Unsloth and TRL's PEFT paths import.
+  install common "datasets==4.3.0" "dill==0.4.0" "multiprocess==0.70.18" "bitsandbytes==0.50.2"
+  find "$site/common/bitsandbytes" -name 'libbitsandbytes_cuda1[0-2]*.so' -delete
+  install trl-1.14.2 "trl==1.14.2"
+  install trl-1.16 "trl==1.16.0"
+  install liger "liger-kernel==0.8.5"
+  # Unsloth 2026.10.9 pins trl<=1.15 and transformers<=5.17 (the machine's); the rest is its and
+  # unsloth_zoo's requirements that the machine lacks.
+  install unsloth "unsloth==2026.10.9" "unsloth_zoo==2026.10.9" "trl==1.15.0" "cut_cross_entropy==25.1.1" \
+    "tyro==1.0.17" "docstring-parser==0.18.0" "shtab==1.13.0" "typeguard==4.6.1" "msgspec==0.23.0" \
+    "hf_transfer==0.1.9" "json5==0.17.3" "nest-asyncio==1.6.0" "structlog==26.1.0"
+  rm -rf "$site/unsloth/studio" "$site/unsloth/unsloth_cli"
+  du -sh "$site" "$site"/*
+  exit 0
+fi
+
+[ -d "$site/common" ] || { echo "no $site: run 'bash $0 --prepare' first, on a machine that reaches PyPI"; exit 2; }
+bin="$(mktemp -d /tmp/grpo-bench-context.XXXXXX)"
+interpreter() {  # a contender's name, then its site directories, first on the path
+  local name=$1 path=""
+  shift
+  for dir in "$@"; do path="$path$PWD/$site/$dir:"; done
+  printf '#!/bin/sh\nexport PYTHONPATH="%s%s"\nexec python3 "$@"\n' "$path" "$PWD" >"$bin/$name"
+  chmod +x "$bin/$name"
+}
+interpreter trl-1.14.2 trl-1.14.2 common
+interpreter trl-1.16 trl-1.16 common
+interpreter trl-1.16-liger liger trl-1.16 common
+interpreter unsloth-2026.10.9 unsloth common
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+results="${OUT:-results/runs}"
+status=0
+timeout --signal=TERM --kill-after=30 "${CONTEXT_SECONDS:-510}" "$bin/trl-1.16" -m benchmarks context --profile h200 \
+  --out "$results" --python "trl-1.14.2=$bin/trl-1.14.2" --python "trl-1.16=$bin/trl-1.16" \
+  --python "trl-1.16-liger=$bin/trl-1.16-liger" --python "unsloth-2026.10.9=$bin/unsloth-2026.10.9" || status=$?
+if [ "$status" = 124 ]; then
+  echo "the search reached CONTEXT_SECONDS: its file keeps the contenders it measured and says complete: false"
+elif [ "$status" != 0 ]; then
+  exit "$status"
+fi
