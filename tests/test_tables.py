@@ -262,8 +262,8 @@ def test_a_bad_result_file_is_named(tmp_path):
 
 def test_the_model_table_reports_the_error_of_every_configuration_that_ran(tmp_path):
     grpo_file(tmp_path, "h200", "32b", peak_gib=100.0)
-    text, median = tables.model_table(schema.load_results(tmp_path))
-    assert "model=lora" in text and median is not None and f"{median:.1%}" in text
+    text, medians = tables.model_table(schema.load_results(tmp_path))
+    assert "model=lora" in text and list(medians) == ["held out"] and f"{medians['held out']:.1%}" in text
 
 
 def test_compare_puts_matching_configurations_side_by_side_with_ratios_and_draws_figures(tmp_path):
@@ -410,14 +410,15 @@ def test_the_committed_many_ranks_run_shows_per_rank_model_states_falling_as_zer
     assert (zero3.held_parameter_fraction == 0.5).all() and (zero3.zero_stage == 3).all()
 
 
-def test_the_model_table_scores_runs_of_many_ranks_apart_as_held_out():
-    from benchmarks.report.validation import validate
+def test_the_model_table_scores_every_run_its_constants_were_not_fitted_on_apart_as_held_out():
+    from benchmarks.report.validation import FITTED_FILES, validate
 
     cited = tables.headline(schema.load_results(REPO / "results" / "runs"))
     found = frames.checks(validate(cited, load_shapes(), profiles.load_hardware()))
     held_out = found[found.held_out]
-    assert set(held_out.file) == {r.path for r in cited if r.kind == "distributed"}
-    assert not found[~found.held_out].file.str.contains("distributed").any()
-    text, fitted_median = tables.model_table(cited)
+    grpo_files = {r.path for r in cited if r.kind in ("grpo", "distributed")}
+    assert set(found[~found.held_out].file) == set(FITTED_FILES)
+    assert set(held_out.file) == grpo_files - set(FITTED_FILES) and held_out.file.str.contains("distributed").any()
+    text, medians = tables.model_table(cited)
     assert "fitted configurations: " in text and "held out configurations: " in text
-    assert fitted_median == float(found[(found.phase == "training") & ~found.held_out].error.abs().median())
+    assert medians["fitted"] == float(found[(found.phase == "training") & ~found.held_out].error.abs().median())
