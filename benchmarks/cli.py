@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         f"calibration ({time.monotonic() - started:.1f} s): Python {calibration.python_s * 1e3:.0f} ms, "
         f"interpreter start {calibration.spawn_s * 1e3:.0f} ms, fp32 tensor work {calibration.torch_s * 1e3:.0f} ms"
     )
-    estimates = pace.estimate_run(args.out, profile, parts, args.quick, calibration, configuration_filter)
+    estimates = pace.estimate_run([args.out, RESULTS], profile, parts, args.quick, calibration, configuration_filter)
     print(pace.estimate_line(estimates), flush=True)
     whole_profile = len(parts) == len(profile.parts) and configuration_filter is None
     for number, (part, estimated) in enumerate(zip(parts, estimates, strict=True), 1):

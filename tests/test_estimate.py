@@ -186,3 +186,23 @@ def test_every_lever_moves_memory_the_way_the_physics_says(name):
     for kind in ("zero1", "zero2", "zero3"):  # more ranks never hold more per rank
         two, eight = (peak(distributed_type=kind, num_processes=n) for n in (2, 8))
         assert eight <= two, kind
+
+
+@pytest.mark.parametrize("distributed_type", ["zero2", "zero3"])
+def test_a_deepspeed_rank_on_a_cpu_carries_its_whole_gradient_as_a_transient_and_on_cuda_does_not(distributed_type):
+    from benchmarks.catalog.profiles import load_hardware
+    from benchmarks.model.estimate import CPU_DEEPSPEED_TRANSIENT_GRADIENTS, Workload, estimate
+
+    shape = load_shapes()["0.5b"]
+    levers = Levers(distributed_type=distributed_type, num_processes=2)
+    work = Workload.of(levers, 16)
+    on_cpu = estimate(shape, "float32", levers, work, load_hardware()["cpu"])
+    transient = on_cpu.phases["training"]["cpu_transient_gradients"]
+    assert transient == int(CPU_DEEPSPEED_TRANSIENT_GRADIENTS * shape.param_count() * 4)
+    assert "cpu_transient_gradients" not in on_cpu.phases["rollout"]
+    on_cuda = estimate(shape, "float32", levers, work, load_hardware()["h100"])
+    assert "cpu_transient_gradients" not in on_cuda.phases["training"]
+    lora = estimate(shape, "float32", dataclasses.replace(levers, model="lora"), work, load_hardware()["cpu"])
+    assert lora.phases["training"]["cpu_transient_gradients"] < transient / 50  # the adapters' gradient only
+    alone = estimate(shape, "float32", Levers(), work, load_hardware()["cpu"])
+    assert "cpu_transient_gradients" not in alone.phases["training"]

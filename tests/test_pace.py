@@ -63,9 +63,9 @@ def results_dir(tmp_path, grpo_run):
 def test_the_estimate_scales_the_newest_run_of_the_same_profile_part_and_quick(results_dir):
     profile = profiles.load("cpu")
     slower = calibration(python_s=2.0, torch_s=2.0)
-    [grpo] = pace.estimate_run(results_dir, profile, ["grpo"], False, slower)
+    [grpo] = pace.estimate_run([results_dir], profile, ["grpo"], False, slower)
     assert grpo.seconds == pytest.approx(200.0) and grpo.reference == "cpu/20261202T000000Z-grpo.json"
-    [quick] = pace.estimate_run(results_dir, profile, ["grpo"], True, calibration())
+    [quick] = pace.estimate_run([results_dir], profile, ["grpo"], True, calibration())
     assert quick.seconds == pytest.approx(3.0)
 
 
@@ -76,18 +76,20 @@ def test_only_some_configurations_take_their_share_of_the_reference(results_dir)
     )
     names = [name for name, _ in profiles.configurations(profile.grpo)]
     assert pace.share(schema.read_result(results_dir / "cpu/20261202T000000Z-grpo.json", "x").record, ["b"]) == 2 / 3
-    [part] = pace.estimate_run(results_dir, profile, ["grpo"], False, calibration(), [names[0]])
+    [part] = pace.estimate_run([results_dir], profile, ["grpo"], False, calibration(), [names[0]])
     assert part.seconds == pytest.approx(100.0 * 45 / 90)  # a name the reference lacks: its mean configuration
 
 
 def test_no_reference_no_estimate_and_the_line_says_why(results_dir, tmp_path):
     profile = profiles.load("cpu")
-    estimates = pace.estimate_run(results_dir, profile, ["grpo", "decode"], False, calibration())
+    estimates = pace.estimate_run([results_dir], profile, ["grpo", "decode"], False, calibration())
     assert estimates[0].seconds and estimates[1].seconds is None and pace.whole_estimate(estimates) is None
     line = pace.estimate_line(estimates)
     assert line.startswith("estimate: none for the whole run") and "no earlier decode run of profile cpu" in line
-    [missing] = pace.estimate_run(tmp_path / "nowhere", profile, ["grpo"], False, calibration())
-    assert missing.seconds is None and "no earlier runs to scale" in missing.why_none
+    [missing] = pace.estimate_run([tmp_path / "nowhere"], profile, ["grpo"], False, calibration())
+    assert missing.seconds is None and "no earlier grpo run of profile cpu" in missing.why_none
+    [found] = pace.estimate_run([tmp_path / "nowhere", results_dir], profile, ["grpo"], False, calibration())
+    assert found.seconds == pytest.approx(100.0)
 
 
 def test_the_run_targets_hold_the_time_limit_and_the_estimate_error():

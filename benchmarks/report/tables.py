@@ -453,13 +453,14 @@ def model_table(results: list[Result]) -> tuple[str, dict[str, float]]:
         )
     lines += [
         "",
-        f"Fitted: {', '.join(FITTED_FILES)}, the cpu profile's one-device GRPO runs on the 0.5B class (the CPU "
-        "runtime, 0.8 GiB, is their setup-phase RSS), and the context probes (the PEFT bf16 generate transient). "
-        "Held out: every other run, fitted on nothing: one-device runs made since (the 135M class) and runs of "
-        "many ranks, predicted per rank (the largest rank's peak). Known miss: on a CPU a DeepSpeed rank's RSS "
-        "peak sits above its model states and its micro-batch (live tensors after the step are exactly the model "
-        "states; the rest is ZeRO's transient gathers and gradients and the heap glibc keeps), which the model "
-        "has no term for.",
+        f"Fitted: {', '.join(FITTED_FILES)}, the cpu profiles' runs on the 0.5B class (the CPU runtime, 0.8 GiB, "
+        "is the one-device runs' setup-phase RSS; a DeepSpeed rank on a CPU peaks about its whole gradient above "
+        "its states and micro-batch, 1.29x and 1.65x of it under ZeRO-2 and ZeRO-3 there, taken as 1x), and the "
+        "context probes (the PEFT bf16 generate transient). Held out: every other run, fitted on nothing (the "
+        "135M class's one-device and ZeRO runs among them); runs of many ranks are predicted per rank (the "
+        "largest rank's peak). The DeepSpeed term's cause is not established (live tensors after the step are "
+        "exactly the model states: the gradients backward makes before the reduce, and the heap glibc keeps, are "
+        "the candidates), and it is not applied on CUDA, where nothing was measured.",
     ]
     return "\n".join(lines + _context_probe_errors(results)) + "\n", medians
 

@@ -56,10 +56,11 @@ def predict_configuration(
     return estimate(shapes[run.shape.name], grpo.dtype, levers, work, hardware[run.profile.hardware])
 
 
-# The measured constants of the model (estimate.RUNTIME_BYTES["cpu"], the PEFT bf16 generate transient)
-# were fitted on these runs (and the context probes); every other run fitted nothing and is held out:
-# the runs of many ranks, and every one-device run made since (the 135M class among them).
-FITTED_FILES = ("cpu/20261130T074121Z-grpo.json",)
+# The measured constants of the model were fitted on these runs (and the context probes): the CPU runtime
+# (estimate.RUNTIME_BYTES["cpu"]) on the 0.5B class's one-device runs, a DeepSpeed rank's transient on a CPU
+# (estimate.CPU_DEEPSPEED_TRANSIENT_GRADIENTS) on its ZeRO run, the PEFT bf16 generate transient on the
+# context probes. Every other run fitted nothing and is held out (the 135M class's among them).
+FITTED_FILES = ("cpu/20261130T074121Z-grpo.json", "cpu/20261130T200906Z-distributed.json")
 
 
 def validate(results: list[Result], shapes: dict[str, Shape], hardware: dict[str, Hardware]) -> list[Check]:

@@ -151,19 +151,21 @@ def estimate_part(
 
 
 def estimate_run(
-    results_dir: Path,
+    results_dirs: Sequence[Path],
     profile: Profile,
     parts: Sequence[str],
     quick: bool,
     calibration: schema.Calibration,
     patterns: Sequence[str] | None = None,
 ) -> list[PartEstimate]:
-    """Every part's estimate from the result files under ``results_dir``; ``patterns``: --only's
-    configuration names, where it chose configurations rather than parts."""
-    try:
-        results = schema.load_results(results_dir)
-    except (OSError, ValueError) as error:  # no results yet, or one that does not read: no estimate
-        return [PartEstimate(part, None, None, None, f"no earlier runs to scale ({error})") for part in parts]
+    """Every part's estimate from the result files under ``results_dirs`` (those that exist); ``patterns``:
+    --only's configuration names, where it chose configurations rather than parts."""
+    results = []
+    for directory in dict.fromkeys(results_dirs):
+        try:
+            results += schema.load_results(directory)
+        except (OSError, ValueError) as error:  # no results yet, or one that does not read: none from it
+            print(f"no earlier runs to scale from {directory}: {error}")
     return [
         estimate_part(results, profile, part, quick, calibration, configuration_names(profile, part, patterns))
         for part in parts
