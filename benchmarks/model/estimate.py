@@ -172,21 +172,33 @@ def lora_params(shape: Shape, rank: int) -> int:
     return shape.num_hidden_layers * sum(rank * (i + o) for name, (i, o) in in_out.items() if name in LORA_TARGETS)
 
 
-def layer_activation_bytes(shape: Shape, act_bytes: int, lora: bool) -> int:
+def layer_activation_bytes(shape: Shape, act_bytes: int, lora: bool, autocast: bool = False, lora_r: int = 16) -> int:
     """Bytes one decoder layer keeps for backward per position, without checkpointing.
 
     Attention: q, k, v, rotated q and k with their rotate_half inputs, the attention output and
     o_proj's input (SDPA: no score matrix kept); MLP: gate, up, SiLU and their product; both
-    RMSNorms upcast to fp32 (input and normalised copy). LoRA with fp32 adapters over a 16-bit
-    base (PEFT's default) casts each adapted linear's input to fp32: q/k/v, o, gate/up and down.
+    RMSNorms upcast to fp32 (input and normalised copy).
+
+    LoRA (PEFT, "all-linear", adapters in fp32) against that, as autograd's saved-tensor hooks count it
+    on the 0.5B and 135M shapes (tests/test_estimate.py): the frozen linears no longer keep their inputs
+    for weight gradients (the two normed inputs; with 16-bit weights also down_proj's input and both
+    norms' weighted copies), each lora_B keeps its r-wide input, and over a 16-bit base PEFT casts each
+    adapted linear's input to the adapters' fp32 (kept), or, under autocast (TRL's bf16 on CUDA), back
+    to 16-bit for the matmul (kept). So LoRA keeps less than full fine-tuning in fp32 and more in 16-bit.
     """
     h, f, kv = shape.hidden_size, shape.mlp_width, shape.num_key_value_heads * shape.head_dim
     q = shape.num_attention_heads * shape.head_dim
     elements = (5 * q + 4 * kv) + 4 * f  # a MoE token runs through num_experts_per_tok experts
     total = elements * act_bytes + 2 * 2 * h * 4
-    if lora and act_bytes < 4:
-        total += (3 * h + q + (0 if shape.moe else 2 * h + f)) * 4
-    return total
+    if not lora:
+        return total
+    adapted = 3 * h + q + (0 if shape.moe else 2 * h + f)  # PEFT adapts no MoE expert (3-D tensors)
+    lora_b_inputs = len(LORA_TARGETS) * lora_r
+    if act_bytes == 4:
+        return total - 2 * h * 4 + lora_b_inputs * 4
+    if autocast:
+        return total + (adapted - 2 * h - f + lora_b_inputs) * act_bytes
+    return total + (adapted + lora_b_inputs) * 4 - (4 * h + f) * act_bytes
 
 
 def logits_bytes(path: str, shape: Shape, work: Workload, act_bytes: int, cuda: bool) -> int:
@@ -272,7 +284,7 @@ def estimate(
         temporaries = 2 * (trainable if cuda else min(largest, trainable)) * trainable_bytes
     est.add("training", "optimizer_update", temporaries, "AdamW's denominator temporaries")
 
-    layer = layer_activation_bytes(shape, b, peft)
+    layer = layer_activation_bytes(shape, b, peft, autocast=cuda and b < 4, lora_r=levers.lora_r)
     if levers.gradient_checkpointing and logits_path in OFFLOADS_CHECKPOINTS and cuda:
         kept, note = 2 * layer, "checkpointed inputs offloaded to host memory: one layer recomputed and its gradients"
     elif levers.gradient_checkpointing:
