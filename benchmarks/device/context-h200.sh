@@ -13,8 +13,8 @@
 #
 # installs each stack's wheels (--no-deps: the GPU machine has torch and CUDA's libraries) for that
 # machine's Python 3.12 under .context-site/ (git-ignored), leaves out what no probe imports
-# (Unsloth's Studio app, bitsandbytes' libraries for CUDA before 13) and prints the size, which must
-# stay under 64 MiB with the tree. Then, on the GPU machine, in the repository root:
+# (Unsloth's Studio app, bitsandbytes' libraries for CUDA before 13, ROCm and XPU) and prints the
+# size: about 50 MiB, which with the tree stays under the 64 MiB that travels. Then, on the GPU machine, in the repository root:
 #
 #   bash benchmarks/device/context-h200.sh     # with the device tool: carry=[".context-site"], timeout_s=600
 #
@@ -38,15 +38,17 @@ if [ "${1:-}" = "--prepare" ]; then
   # What every TRL needs beyond the machine's packages (datasets below 5: Unsloth's bound), and
   # bitsandbytes, which Unsloth and TRL's PEFT paths import.
   install common "datasets==4.3.0" "dill==0.4.0" "multiprocess==0.70.18" "bitsandbytes==0.50.2"
-  find "$site/common/bitsandbytes" -name 'libbitsandbytes_cuda1[0-2]*.so' -delete
+  find "$site/common/bitsandbytes" \( -name 'libbitsandbytes_cuda1[0-2]*.so' -o -name 'libbitsandbytes_rocm*.so' \
+    -o -name 'libbitsandbytes_xpu*.so' \) -delete
   install trl-1.14.2 "trl==1.14.2"
   install trl-1.16 "trl==1.16.0"
   install liger "liger-kernel==0.8.5"
   # Unsloth 2026.10.9 pins trl<=1.15 and transformers<=5.17 (the machine's); the rest is its and
-  # unsloth_zoo's requirements that the machine lacks.
+  # unsloth_zoo's requirements that the machine lacks (hf_transfer, a downloader it imports only if
+  # present, is left out: nothing is downloaded).
   install unsloth "unsloth==2026.10.9" "unsloth_zoo==2026.10.9" "trl==1.15.0" "cut_cross_entropy==25.1.1" \
     "tyro==1.0.17" "docstring-parser==0.18.0" "shtab==1.13.0" "typeguard==4.6.1" "msgspec==0.23.0" \
-    "hf_transfer==0.1.9" "json5==0.17.3" "nest-asyncio==1.6.0" "structlog==26.1.0"
+    "json5==0.17.3" "nest-asyncio==1.6.0" "structlog==26.1.0"
   rm -rf "$site/unsloth/studio" "$site/unsloth/unsloth_cli"
   du -sh "$site" "$site"/*
   exit 0
