@@ -288,6 +288,8 @@ def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespac
         if unknown or not names:
             parser.error(f"--contenders: unknown {', '.join(unknown) or '(none given)'}; have {', '.join(CONTENDERS)}")
         overrides["contenders"] = names
+    if args.search is not None:
+        overrides["search"] = args.search
     pythons = {}
     for item in args.python:
         name, _, interpreter = item.partition("=")
@@ -327,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     search.add_argument("--shape", help="a shape of profiles/shapes.toml (default: the profile's)")
     search.add_argument("--contenders", help=f"a comma-separated subset of {', '.join(CONTENDERS)}")
+    search.add_argument(
+        "--search", choices=profiles.SEARCHES, help="guided (the default) or doubling, then bisection (the reference)"
+    )
     search.add_argument(
         "--python",
         action="append",

@@ -115,7 +115,7 @@ def test_on_the_committed_full_search_the_guided_search_finds_its_maxima_in_no_m
     set the peak) the model's growth is off by 2-3x, so the guided search saves no probe there (6, 7, 8
     as the full search); its maxima are the same."""
     committed = schema.read_result(RESULTS / "cpu/20261130T095535Z-context.json", "context").record
-    settings = load("cpu").context
+    settings = load("cpu-full").context
     shape, hardware = load_shapes()[settings.shape], load_hardware()["cpu"]
     assert committed.search.shape == settings.shape and committed.search.budget_gib == settings.budget_gib
     measured = [c for c in committed.contenders if c.status == "measured"]
@@ -236,7 +236,7 @@ def test_a_budget_below_the_runtime_fits_nothing_and_every_probe_says_where(tiny
 
 
 def test_a_search_is_checked_against_the_newest_earlier_search_of_the_same_settings():
-    settings = load("cpu").context
+    settings = load("cpu-full").context
     earlier = context.earlier_search(RESULTS, "cpu", settings)
     assert earlier.file == "cpu/20261130T095535Z-context.json"
     assert {name: c["max_completion_tokens"] for name, c in earlier.contenders.items()} == {

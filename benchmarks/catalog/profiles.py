@@ -152,6 +152,7 @@ class ContextBench:
     granule: int  # lengths probed are multiples of this
     contenders: tuple[str, ...]  # names of benchmarks.catalog.contenders.CONTENDERS
     levers: Levers  # every contender runs these
+    search: str = "guided"  # guided (measured peaks and the model pick each length) or doubling (then bisection)
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,7 @@ class Profile:
 
 
 FORMATS = ("str", "conversational")
+SEARCHES = ("guided", "doubling")  # the context search's ways to its bracket
 PARTS = ("rewards", "decode", "grpo", "distributed")
 GRPO_PARTS = ("grpo", "distributed")  # parts that run GRPO configurations
 DTYPES = ("float32", "bfloat16", "float16")
@@ -446,6 +448,8 @@ def _check_context(context: ContextBench, file: str) -> None:
     if not 0 < context.resolution < 1 or context.granule <= 0 or not 0 < context.start_tokens <= context.max_tokens:
         raise ProfileError(f"{file}: context: need 0 < resolution < 1, granule > 0, 0 < start_tokens <= max_tokens")
     _positive(context, ("budget_gib", "prompt_words", "probe_timeout_s"), file, "context")
+    if context.search not in SEARCHES:
+        raise ProfileError(f"{file}: context.search: {context.search!r} is not one of {', '.join(SEARCHES)}")
     check_levers(context.levers, file, "context.levers")
 
 

@@ -501,6 +501,7 @@ class Search:
     budget_enforced_by: str
     completions_per_step: int
     probe_timeout_s: float | None = None
+    search: str = "doubling"  # files before the guided search searched this way
 
 
 @dataclass(kw_only=True)

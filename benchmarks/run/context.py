@@ -43,6 +43,14 @@ UNSLOTH_CLAIM = (
 )
 CLAIMED_RATIO = 7.0
 MAX_PROBES = 4  # per contender: the guided search's target
+SEARCHED = {
+    "guided": (
+        "model-guided (the first probe, then each next length at the boundary's best guess: a secant through the "
+        "two longest fitting probes' peaks, else the analytic model anchored on the longest fitting probe; "
+        "log-space bisection where a guess leaves the bracket)"
+    ),
+    "doubling": "doubling from the first probe, then bisection",
+}
 
 
 class ProbeFailed(RuntimeError):
@@ -290,10 +298,12 @@ def run_contender(
             raise ProbeFailed(f"{record.status} at {length} tokens: {record.reason}")
         return probed.fits, probed.peak_bytes
 
+    bounds = (settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule)
     try:
-        passed, failed = guided_search(
-            probe, modelled, budget, settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule
-        )
+        if settings.search == "doubling":
+            passed, failed = search(lambda length: probe(length)[0], *bounds)
+        else:
+            passed, failed = guided_search(probe, modelled, budget, *bounds)
     except ProbeFailed as error:
         entry.status, entry.reason = "error", str(error)
         return entry
@@ -408,12 +418,7 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
     )
     search_settings = {
         **asdict(settings),
-        "searched": (
-            f"completion length, prompt fixed at {settings.prompt_words} tokens; model-guided (the first probe, then "
-            "each next length at the boundary's best guess: a secant through the two longest fitting probes' peaks, "
-            "else the analytic model anchored on the longest fitting probe; log-space bisection where a guess "
-            "leaves the bracket)"
-        ),
+        "searched": f"completion length, prompt fixed at {settings.prompt_words} tokens; {SEARCHED[settings.search]}",
         "budget_enforced_by": enforced,
         "completions_per_step": settings.levers.per_device_train_batch_size,
     }
@@ -450,7 +455,7 @@ SAME_SEARCH = ("shape", "dtype", "budget_gib", "prompt_words", "resolution", "gr
 
 def earlier_search(results_dir: Path, hardware: str, settings: ContextBench) -> schema.EarlierSearch | None:
     """The newest complete search under ``results_dir`` on ``hardware`` with these settings (shape, dtype,
-    budget, prompt, resolution, granule, levers), or None."""
+    budget, prompt, resolution, granule, levers), a doubling one where there is one, or None."""
     try:
         results = schema.load_results(results_dir)
     except (OSError, ValueError):
@@ -467,7 +472,7 @@ def earlier_search(results_dir: Path, hardware: str, settings: ContextBench) -> 
     ]
     if not same:
         return None
-    newest = max(same, key=lambda r: r.record.started)
+    newest = max(same, key=lambda r: (r.record.search.search == "doubling", r.record.started))  # a full one first
     return schema.EarlierSearch(
         file=newest.path,
         contenders={
