@@ -2,10 +2,13 @@
 prediction for each loss path, the verdict, and real probes on the tiny shape."""
 
 import dataclasses
+import subprocess
 import sys
 
 import pytest
 
+from benchmarks import REPO
+from benchmarks.catalog import profiles
 from benchmarks.catalog.profiles import load, load_hardware, load_shapes
 from benchmarks.cli import RESULTS, main
 from benchmarks.model.estimate import GIB, Workload, estimate
@@ -119,9 +122,11 @@ def test_on_the_committed_doubling_searches_the_guided_search_finds_the_same_max
     against 6, 4, 6): the RSS peak is flat at short lengths, where the rollout and the allocator's retained
     heap set it, then jumps, and the model's growth there is off by 2-3x (5x for Unsloth's CPU backend)."""
     committed = schema.read_result(RESULTS / file, "context").record
-    settings = load(profile).context
+    kept = ("shape", "dtype", "budget_gib", "prompt_words", "start_tokens", "max_tokens", "resolution", "granule")
+    settings = dataclasses.replace(load(profile).context, **{key: getattr(committed.search, key) for key in kept})
+    names = {field.name for field in dataclasses.fields(profiles.Levers)}
+    assert profiles.Levers(**{k: v for k, v in committed.search.levers.items() if k in names}) == settings.levers
     shape, hardware = load_shapes()[settings.shape], load_hardware()["cpu"]
-    assert committed.search.shape == settings.shape and committed.search.budget_gib == settings.budget_gib
     measured = [c for c in committed.contenders if c.status == "measured"]
     assert len(measured) == 3
     for contender in measured:
@@ -273,3 +278,31 @@ def test_a_search_is_checked_against_the_newest_earlier_search_of_the_same_setti
     assert agree.measured == pytest.approx(0.1) and agree.met and earlier.file in agree.claim
     *_, unmeasured = context.search_targets([run("trl-1.16", 256, 3)], None, settings.resolution, 600.0)
     assert unmeasured.met is None and "none here" in unmeasured.claim
+
+
+RETAINED = """
+import ctypes, ctypes.util, sys
+from benchmarks.run.worker import fix_malloc_thresholds
+if sys.argv[1] == "fixed":
+    fix_malloc_thresholds(131072)
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+libc.free(libc.malloc(1 << 20))  # glibc's own: the first freed large block raises its mmap threshold
+blocks = [libc.malloc(1 << 20) for _ in range(200)]
+for block in blocks:
+    ctypes.memset(block, 1, 1 << 20)
+for block in blocks[:-1]:  # all but the last: the heap cannot be trimmed past it
+    libc.free(block)
+rss = int(open("/proc/self/statm").read().split()[1]) * 4096
+print(rss // (1 << 20))
+"""
+
+
+def test_fixed_malloc_thresholds_give_freed_tensors_back_where_glibc_s_own_keep_them():
+    def rss_mib(mode):
+        done = subprocess.run([sys.executable, "-c", RETAINED, mode], cwd=REPO, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout)
+
+    kept, fixed = rss_mib("glibc"), rss_mib("fixed")
+    assert kept - fixed > 150  # 199 freed MiB kept in glibc's heap, given back with the thresholds fixed

@@ -153,6 +153,9 @@ class ContextBench:
     contenders: tuple[str, ...]  # names of benchmarks.catalog.contenders.CONTENDERS
     levers: Levers  # every contender runs these
     search: str = "guided"  # guided (measured peaks and the model pick each length) or doubling (then bisection)
+    # CPU: glibc's mmap and trim thresholds fixed at this many bytes in each probe (0: glibc's own, which
+    # keeps freed tensors in its heap), so that the RSS budget holds live memory (worker.fix_malloc_thresholds)
+    malloc_mmap_threshold: int = 0
 
 
 @dataclass(frozen=True)
@@ -448,6 +451,8 @@ def _check_context(context: ContextBench, file: str) -> None:
     if not 0 < context.resolution < 1 or context.granule <= 0 or not 0 < context.start_tokens <= context.max_tokens:
         raise ProfileError(f"{file}: context: need 0 < resolution < 1, granule > 0, 0 < start_tokens <= max_tokens")
     _positive(context, ("budget_gib", "prompt_words", "probe_timeout_s"), file, "context")
+    if context.malloc_mmap_threshold < 0:
+        raise ProfileError(f"{file}: context.malloc_mmap_threshold: must be at least 0")
     if context.search not in SEARCHES:
         raise ProfileError(f"{file}: context.search: {context.search!r} is not one of {', '.join(SEARCHES)}")
     check_levers(context.levers, file, "context.levers")

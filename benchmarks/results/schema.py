@@ -502,6 +502,7 @@ class Search:
     completions_per_step: int
     probe_timeout_s: float | None = None
     search: str = "doubling"  # files before the guided search searched this way
+    malloc_mmap_threshold: int = 0  # CPU: glibc's thresholds fixed at this (0: glibc's own)
 
 
 @dataclass(kw_only=True)

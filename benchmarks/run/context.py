@@ -273,6 +273,7 @@ def run_contender(
         "measured_steps": 1,
         "prompt_words": settings.prompt_words,
         "memory_budget_bytes": budget if cuda else None,  # the worker: this over the device's own total
+        "malloc_mmap_threshold": 0 if cuda else settings.malloc_mmap_threshold,
     }
 
     def modelled(length: int) -> int:
@@ -415,6 +416,11 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
         "total it reports (each probe's device)"
         if cuda
         else "peak RSS of the worker and its children, sampled every 20 ms; a tree over it is stopped"
+        + (
+            f"; glibc's mmap and trim thresholds fixed at {settings.malloc_mmap_threshold} bytes in each probe"
+            if settings.malloc_mmap_threshold
+            else "; glibc's own malloc thresholds"
+        )
     )
     search_settings = {
         **asdict(settings),
@@ -450,7 +456,7 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
     return path
 
 
-SAME_SEARCH = ("shape", "dtype", "budget_gib", "prompt_words", "resolution", "granule")
+SAME_SEARCH = ("shape", "dtype", "budget_gib", "prompt_words", "resolution", "granule", "malloc_mmap_threshold")
 
 
 def earlier_search(results_dir: Path, hardware: str, settings: ContextBench) -> schema.EarlierSearch | None:

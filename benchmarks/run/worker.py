@@ -41,6 +41,8 @@ pay for them nor initialise CUDA through them, and Unsloth must be imported befo
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
 import signal
@@ -594,8 +596,24 @@ def run(job: dict, channel: TextIO) -> None:
     report(channel, event="done")
 
 
+# glibc's mallopt parameters (malloc.h).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+
+
+def fix_malloc_thresholds(threshold: int) -> None:
+    """glibc: every block over ``threshold`` bytes mmapped and given back to the system when freed, and the
+    heap trimmed above it, so that the RSS follows live tensors. By default glibc raises its mmap threshold
+    each time a large block is freed (up to 32 MiB), keeps later tensors in its heap and holds on to that
+    heap: on a 135M-class GRPO step at 96 tokens, 0.65 GiB of the forward/backward peak RSS."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    if not (libc.mallopt(M_MMAP_THRESHOLD, threshold) and libc.mallopt(M_TRIM_THRESHOLD, threshold)):
+        raise RuntimeError(f"mallopt refused the malloc thresholds of {threshold} bytes")
+
+
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
+    if job.get("malloc_mmap_threshold"):  # before torch allocates anything
+        fix_malloc_thresholds(job["malloc_mmap_threshold"])
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.connect(job["channel"])
