@@ -114,13 +114,18 @@ def committed_stack(contender):
 
 
 @pytest.mark.parametrize(
-    "file, profile", [("cpu/20261130T095535Z-context.json", "cpu-full"), ("cpu/20261130T215752Z-context.json", "cpu")]
+    "file, profile, most_probes",
+    [
+        ("cpu/20261130T095535Z-context.json", "cpu-full", 10),
+        ("cpu/20261130T215752Z-context.json", "cpu", 10),
+        ("cpu/20261130T223109Z-context.json", "cpu", 4),
+    ],
 )
-def test_on_the_committed_doubling_searches_the_guided_search_finds_the_same_maxima(file, profile):
+def test_on_the_committed_doubling_searches_the_guided_search_finds_the_same_maxima(file, profile, most_probes):
     """Replayed on what each committed doubling search measured, the guided search brackets the same
-    maxima. It saves no probe on these CPU curves (0.5B bf16: 6, 7, 8 against 6, 7, 8; 135M fp32: 6, 6, 9
-    against 6, 4, 6): the RSS peak is flat at short lengths, where the rollout and the allocator's retained
-    heap set it, then jumps, and the model's growth there is off by 2-3x (5x for Unsloth's CPU backend)."""
+    maxima. With glibc's own malloc thresholds (the first two) the RSS peak is flat at short lengths, where
+    the rollout and the freed tensors glibc keeps set it, then jumps, and the search saves no probe; with
+    the thresholds fixed (the third) the RSS follows live tensors and 4 probes a contender do."""
     committed = schema.read_result(RESULTS / file, "context").record
     kept = ("shape", "dtype", "budget_gib", "prompt_words", "start_tokens", "max_tokens", "resolution", "granule")
     settings = dataclasses.replace(load(profile).context, **{key: getattr(committed.search, key) for key in kept})
@@ -142,7 +147,7 @@ def test_on_the_committed_doubling_searches_the_guided_search_finds_the_same_max
         passed, failed = context.guided_search(probe, modelled, budget, *args)
         best = contender.max_completion_tokens
         assert passed <= best < failed and failed <= max(passed + 16, passed * 1.125), contender.name
-        assert len(probed) == len(set(probed)) and len(probed) <= 9, (contender.name, probed)
+        assert len(probed) == len(set(probed)) and len(probed) <= most_probes, (contender.name, probed)
 
 
 def test_the_analytic_model_orders_the_loss_paths_as_their_logits_terms():

@@ -120,9 +120,10 @@ def guided_search(
     a secant through the two longest fitting probes' measured peaks where their peaks grow, else the
     model anchored on the longest fitting probe (its peak plus the model's growth from there). A guess
     past the first failing length goes one resolution step under it (once: the model was nearly right);
-    otherwise a guess outside the bracket, or a bracket within two resolution steps, is split in log space. Each
-    length lies at least a resolution step inside the bracket, so that a right guess closes it with the
-    next probe. Where ``start`` does not fit, lengths halve as in ``search``. Returns ``search``'s
+    otherwise a guess outside the bracket, or a bracket within two resolution steps, is split in log space.
+    The probe aims half a resolution step under the guess and at least a step inside the bracket, so that
+    where the guess is right it fits and the next probe, a step up, closes the bracket. Where ``start``
+    does not fit, lengths halve as in ``search``. Returns ``search``'s
     ``(last_pass, first_fail)``."""
 
     def down(length: float) -> int:
@@ -154,8 +155,10 @@ def guided_search(
             guess, stepped_below = failed / (1 + resolution), True
         elif failed is not None and (failed <= passed * (1 + resolution) ** 2 or not passed < guess < failed):
             guess = (passed * failed) ** 0.5
+        # half a step under: a right guess fits, and one step up fails (the ceiling itself is probed as it is)
+        aimed = guess if failed is None and guess >= ceiling else guess / (1 + resolution / 2)
         lowest, highest = passed * (1 + resolution), high / (1 + resolution) if failed is not None else high
-        length = down(min(max(guess, lowest), highest))
+        length = down(min(max(aimed, lowest), highest))
         length = min(max(length, passed + granule), high - granule if failed is not None else high)
 
 
