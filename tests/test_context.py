@@ -277,11 +277,13 @@ def test_a_search_is_checked_against_the_newest_earlier_search_of_the_same_setti
         )  # fmt: skip
 
     took, probes, agree = context.search_targets(
-        [run("trl-1.14.2", 176, 3), run("trl-1.16", 256, 5)], earlier, settings.resolution, 600.0
+        [run("trl-1.14.2", 176, 3), run("trl-1.16", 256, 5)], earlier, settings, 600.0
     )
     assert took.met and probes.measured == 5 and probes.met is False
-    assert agree.measured == pytest.approx(0.1) and agree.met and earlier.file in agree.claim
-    *_, unmeasured = context.search_targets([run("trl-1.16", 256, 3)], None, settings.resolution, 600.0)
+    assert agree.measured == pytest.approx(0.8) and agree.met and earlier.file in agree.claim  # 16 of 20 tokens
+    *_, apart = context.search_targets([run("trl-1.14.2", 208, 3)], earlier, settings, 600.0)
+    assert apart.measured == pytest.approx(2.4) and apart.met is False
+    *_, unmeasured = context.search_targets([run("trl-1.16", 256, 3)], None, settings, 600.0)
     assert unmeasured.met is None and "none here" in unmeasured.claim
 
 
