@@ -268,3 +268,8 @@ def test_a_bad_context_table_is_an_error_naming_the_key(profile_dir, change, mes
     (profile_dir / "mine.toml").write_text(CONTEXT.replace(*change))
     with pytest.raises(profiles.ProfileError, match=message):
         profiles.load("mine", directory=profile_dir)
+
+
+def test_levers_read_back_from_a_result_file_take_defaults_for_new_levers_and_drop_unknown_keys():
+    recorded = {"optim": "adamw_8bit", "a_lever_since_removed": 1}
+    assert profiles.Levers.recorded(recorded) == profiles.Levers(optim="adamw_8bit")

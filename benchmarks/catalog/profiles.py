@@ -95,6 +95,13 @@ class Levers:
     vllm_server_tensor_parallel_size: int = 1
     vllm_server_data_parallel_size: int = 1
 
+    @classmethod
+    def recorded(cls, table: dict[str, Any]) -> Levers:
+        """The levers a result file recorded; a lever added since takes its default, and a key the suite no
+        longer knows is left out."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in table.items() if key in names})
+
     @property
     def world_size(self) -> int:
         return self.num_processes * self.num_machines

@@ -523,7 +523,7 @@ def _context_probe_errors(results: list[Result]) -> list[str]:
             continue
         search = result.record.search
         shape, hardware = load_shapes()[search.shape], load_hardware()[result.hardware]
-        levers = Levers(**search.levers)
+        levers = Levers.recorded(search.levers)
         for entry in result.record.contenders:
             errors = []
             for probe in entry.probes:

@@ -393,7 +393,7 @@ class Configuration(WorkerRecord):
 
     @property
     def lever_values(self) -> Levers:
-        return Levers(**self.levers)
+        return Levers.recorded(self.levers)
 
 
 @dataclass(kw_only=True)
@@ -791,7 +791,7 @@ def is_whole(record: Any) -> bool:
     grpo = getattr(record.profile, record.kind)
     if grpo is None:
         return True
-    defined = configurations(SimpleNamespace(levers=Levers(**grpo.levers), matrix=grpo.matrix, extra=grpo.extra))
+    defined = configurations(SimpleNamespace(levers=Levers.recorded(grpo.levers), matrix=grpo.matrix, extra=grpo.extra))
     return len(record.configurations) >= len(defined)
 
 

@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -469,7 +469,6 @@ def earlier_search(results_dir: Path, hardware: str, settings: ContextBench) -> 
         results = schema.load_results(results_dir)
     except (OSError, ValueError):
         return None
-    lever_names = {f.name for f in fields(Levers)}
     same = [
         r
         for r in results
@@ -477,7 +476,7 @@ def earlier_search(results_dir: Path, hardware: str, settings: ContextBench) -> 
         and r.hardware == hardware
         and r.complete
         and all(getattr(r.record.search, key) == getattr(settings, key) for key in SAME_SEARCH)
-        and Levers(**{k: v for k, v in r.record.search.levers.items() if k in lever_names}) == settings.levers
+        and Levers.recorded(r.record.search.levers) == settings.levers
     ]
     if not same:
         return None
@@ -513,7 +512,9 @@ def search_targets(
     return [
         schema.Target.at_most("the search finishes within 20 minutes", wall_s, 1200),
         schema.Target.at_most(
-            "at most 4 probes per contender", max((len(c.probes) for c in measured), default=None), MAX_PROBES
+            f"at most {MAX_PROBES} probes per contender",
+            max((len(c.probes) for c in measured), default=None),
+            MAX_PROBES,
         ),
         schema.Target.at_most(
             f"each contender's maximum within one step (its resolution, at least a granule) of the earlier "

@@ -84,15 +84,18 @@ def scale(now: schema.Calibration, then: schema.Calibration, part: str) -> float
     return math.prod(ratios) ** (1 / len(ratios))
 
 
+def header(record: object) -> object:
+    """Where a result file keeps the suite's own fields: pytest-benchmark's file in its ``grpo_bench`` block."""
+    return record.grpo_bench if isinstance(record, schema.RewardsFile) else record
+
+
 def pace_of(record: object) -> schema.Pace | None:
-    block = record.grpo_bench if isinstance(record, schema.RewardsFile) else record
-    return getattr(block, "pace", None)
+    return getattr(header(record), "pace", None)
 
 
 def profile_name(record: object) -> str:
-    if isinstance(record, schema.RewardsFile):
-        return record.grpo_bench.profile.get("name", "")
-    return record.profile.name
+    profile = header(record).profile
+    return profile.get("name", "") if isinstance(profile, dict) else profile.name
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,5 @@ def run_targets(profile: str, limit_min: float | None, run_s: float, estimated_s
 def record(path: Path, pace: schema.Pace) -> None:
     """``pace`` into the part's result file, once the part has ended."""
     run = schema.read_result(path, str(path)).record
-    block = run.grpo_bench if isinstance(run, schema.RewardsFile) else run
-    block.pace = pace
+    header(run).pace = pace
     schema.write(path, run)
