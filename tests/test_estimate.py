@@ -2,9 +2,12 @@
 `estimate` answering how many GPUs a size class needs."""
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 
+from benchmarks import REPO
 from benchmarks.catalog.profiles import Levers, load_shapes
 from benchmarks.cli import main
 from benchmarks.model.estimate import GIB, largest_layer_params, on_gpus, rank_model_states
@@ -267,3 +270,37 @@ def test_lora_keeps_less_than_full_fine_tuning_in_fp32_and_at_most_a_third_more_
     assert layer_activation_bytes(shape, 4, lora=True) < layer_activation_bytes(shape, 4, lora=False)
     full = layer_activation_bytes(shape, 2, lora=False)
     assert full < layer_activation_bytes(shape, 2, lora=True, autocast=True) < 1.34 * full
+
+
+MATERIALISED_LOSS = """
+import resource, sys
+from benchmarks.run.worker import fix_malloc_thresholds
+fix_malloc_thresholds(131072)  # large blocks mmapped and given back when freed: the RSS follows live tensors
+import torch
+from trl.trainer.utils import selective_log_softmax
+completions, tokens, vocab, hidden, dtype = 4, 256, 32768, 64, getattr(torch, sys.argv[1])
+weight = torch.randn(vocab, hidden, dtype=dtype) / 8
+ids = torch.randint(0, vocab, (completions, tokens))
+for length in (2, tokens):  # a small pass first, so that the measured one allocates only its tensors
+    states = torch.randn(completions, length + 1, hidden, dtype=dtype, requires_grad=True)
+    rss = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+    logits = (states @ weight.T)[:, :-1]  # the model's logits for tokens + 1 positions, the last dropped
+    selective_log_softmax(logits, ids[:, :length]).sum().backward()
+    del logits
+status = open("/proc/self/status").read()  # VmHWM: this image's peak RSS (ru_maxrss keeps the parent's)
+peak = int(status.split("VmHWM:")[1].split()[0]) * 1024
+print((peak - rss) / (completions * tokens * vocab * dtype.itemsize))
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_materialised_logits_path_peaks_at_the_copies_the_model_counts(dtype):
+    """TRL <= 1.14's loss on materialised logits (its `selective_log_softmax`, unchanged in TRL 1.16),
+    forward and backward, peaks at MATERIALISED_COPIES copies of the logits above what was live before."""
+    pytest.importorskip("trl")
+    from benchmarks.model.estimate import MATERIALISED_COPIES
+
+    done = subprocess.run([sys.executable, "-c", MATERIALISED_LOSS, dtype], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    copies = float(done.stdout.split()[-1])
+    assert copies == pytest.approx(MATERIALISED_COPIES, abs=0.3)

@@ -25,8 +25,12 @@ MODELLED_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_8bit", "adamw_
 NF4_BYTES_PER_PARAM = 0.516  # 4-bit NF4 with double quantisation (QLoRA paper, 4.127 bits + scales)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # "all-linear"
 # The logits path of the loss, by stack:
-# - materialised: TRL <= 1.14 returns the (completions, completion tokens, vocab) logits; autograd keeps
-#   them and log_softmax's output, backward adds their two gradients: 4 copies in the compute dtype.
+# - materialised: TRL <= 1.14 returns the (completions, completion tokens + 1, vocab) logits. At the loss's
+#   backward three copies in the compute dtype are live: the logits (kept for the log-softmax), their
+#   gradient, and the gradient of the slice that drops the last position. Measured on CPU (RSS, glibc's
+#   thresholds fixed; a test): 3.0 in fp32 (TRL's gather and row logsumexp), 3.1-3.2 in bf16 (its row
+#   log_softmax). On CUDA TRL's Triton kernel (not measured here) keeps the logits and writes their
+#   gradient, then the slice's: two or three by its code; the model counts three there too.
 # - trl-tiled: TRL >= 1.15 `ChunkedLogProbFunction` projects tiles of TOKEN_CHUNK_SIZE positions x
 #   _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary columns (trl/kernels/chunked_logprob.py); its torch fold holds
 #   the tile and three fp32 temporaries of it. Without Triton (CPU) every position is scored, prompt too.
@@ -40,7 +44,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 LOGITS_PATHS = ("materialised", "trl-tiled", "row-chunked", "liger", "unsloth-gpu")
 SHARES_ENGINE_WEIGHTS = ("unsloth-gpu",)
 OFFLOADS_CHECKPOINTS = ("unsloth-gpu",)
-MATERIALISED_COPIES = 4
+MATERIALISED_COPIES = 3
 TRL_TOKEN_TILE, TRL_VOCAB_TILE, TRL_TILE_FP32_TEMPORARIES = 4096, 32768, 3
 UNSLOTH_CPU_CHUNK_ELEMENTS, UNSLOTH_CPU_FP32_TEMPORARIES = 16 * 2**20, 3
 LIGER_CHUNK_COMPLETIONS = 1

@@ -118,16 +118,20 @@ def guided_search(
     ``probe(length)`` runs a step: (whether it fitted, its measured peak). ``modelled(length)`` is the
     analytic model's peak. After each probe the next length is the search's best guess of the boundary:
     a secant through the two longest fitting probes' measured peaks where their peaks grow, else the
-    model anchored on the longest fitting probe (its peak plus the model's growth from there). A guess
-    past the first failing length goes one resolution step under it (once: the model was nearly right);
-    otherwise a guess outside the bracket, or a bracket within two resolution steps, is split in log space.
-    The probe aims half a resolution step under the guess and at least a step inside the bracket, so that
-    where the guess is right it fits and the next probe, a step up, closes the bracket. Where ``start``
-    does not fit, lengths halve as in ``search``. Returns ``search``'s
+    model anchored on the longest fitting probe (its peak plus the model's growth from there). Lengths
+    lie on the granule grid, and a step is a resolution step as far as the grid allows. The probe is the
+    length whose step up is centred on the guess, at least a step above the longest fit: where the guess
+    is right it fits and the next probe, a step up, fails and closes the bracket. A guess past the first
+    failing length goes to the step under it (once: the model was nearly right; a fit there closes the
+    bracket); otherwise a guess outside the bracket, or a bracket within two steps, is split in log space.
+    Where ``start`` does not fit, lengths halve as in ``search``. Returns ``search``'s
     ``(last_pass, first_fail)``."""
 
     def down(length: float) -> int:
         return max(granule, int(length) // granule * granule)
+
+    def up(length: float) -> int:
+        return max(granule, -int(-length // granule) * granule)
 
     fitting: list[tuple[int, int]] = []  # (length, measured peak) of every fitting probe
     passed = failed = None
@@ -150,16 +154,21 @@ def guided_search(
         if failed is not None and (failed - passed <= granule or failed <= passed * (1 + resolution)):
             return passed, failed
         high = failed if failed is not None else ceiling
+        # on the granule grid: the shortest length a step above ``passed`` (a fit there moves the bracket by
+        # a step) and, under ``failed``, the shortest whose fit closes the bracket
+        lowest = max(passed + granule, down(passed * (1 + resolution)))
+        highest = high if failed is None else max(lowest, min(failed - granule, up(failed / (1 + resolution))))
         guess = _boundary_guess(sorted(fitting), modelled, budget, passed, high, granule)
-        if failed is not None and guess >= failed and not stepped_below:  # just past the guess: one step under
-            guess, stepped_below = failed / (1 + resolution), True
-        elif failed is not None and (failed <= passed * (1 + resolution) ** 2 or not passed < guess < failed):
+        if failed is not None and guess >= failed and not stepped_below:  # just past the guess: a step under
+            length, stepped_below = highest, True
+            continue
+        if failed is not None and (failed <= passed * (1 + resolution) ** 2 or not passed < guess < failed):
             guess = (passed * failed) ** 0.5
-        # half a step under: a right guess fits, and one step up fails (the ceiling itself is probed as it is)
-        aimed = guess if failed is None and guess >= ceiling else guess / (1 + resolution / 2)
-        lowest, highest = passed * (1 + resolution), high / (1 + resolution) if failed is not None else high
-        length = down(min(max(aimed, lowest), highest))
-        length = min(max(length, passed + granule), high - granule if failed is not None else high)
+        # the step that closes the bracket, centred on the guess: a right guess fits, and one step up fails
+        # (the ceiling itself is probed as it is)
+        step = max(granule, down(guess * (1 + resolution)) - down(guess))
+        aimed = guess if failed is None and guess >= ceiling else guess - step / 2
+        length = min(max(round(aimed / granule) * granule, lowest), highest)
 
 
 def _boundary_guess(
