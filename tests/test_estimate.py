@@ -350,3 +350,37 @@ def test_a_checkpointed_step_peaks_per_position_as_the_model_counts(name, model)
     work = Workload(completions=1, prompt_tokens=0, completion_tokens=1)
     modelled = estimate(shape, "float32", levers, work, load_hardware()["cpu"]).phases["training"]["activations"]
     assert float(done.stdout.split()[-1]) == pytest.approx(modelled, rel=0.1)
+
+
+TILED_LOSS = """
+from benchmarks.run.worker import fix_malloc_thresholds
+fix_malloc_thresholds(131072)  # large blocks mmapped and given back when freed: the RSS follows live tensors
+import torch
+from trl.kernels import ChunkedLogProbFunction
+vocab, hidden_size = 32768, 64  # one vocabulary tile
+weight = torch.randn(vocab, hidden_size) / 8
+peaks = []
+for rows in (8, 256, 512):  # the first only warms up
+    hidden = torch.randn(rows, hidden_size, requires_grad=True)
+    targets = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(0))
+    rss = int(open("/proc/self/statm").read().split()[1]) * 4096
+    open("/proc/self/clear_refs", "w").write("5")  # VmHWM from here
+    logprobs, *_ = ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, vocab, None, 1.0, ("entropy",))
+    (-logprobs.sum()).backward()
+    peaks.append(int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024 - rss)
+print((peaks[2] - peaks[1]) / 256)
+"""
+
+
+def test_trl_s_tiled_loss_without_triton_peaks_per_row_as_the_model_counts():
+    """TRL >= 1.15's chunked log-probabilities on a CPU (its torch fold, no Triton): forward and backward
+    peak per scored row at what the model counts for the trl-tiled path, within 10% (the tile's buffer
+    and seven fp32 temporaries; three, the count before this was measured, read half)."""
+    pytest.importorskip("trl.kernels")
+    from benchmarks.model.estimate import logits_bytes
+
+    done = subprocess.run([sys.executable, "-c", TILED_LOSS], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shape = dataclasses.replace(load_shapes()["135m"], vocab_size=32768)
+    per_row = logits_bytes("trl-tiled", shape, Workload(completions=1, prompt_tokens=0, completion_tokens=1), 4, False)
+    assert float(done.stdout.split()[-1]) == pytest.approx(per_row, rel=0.1)

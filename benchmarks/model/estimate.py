@@ -32,8 +32,10 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 #   log_softmax). On CUDA TRL's Triton kernel (not measured here) keeps the logits and writes their
 #   gradient, then the slice's: two or three by its code; the model counts three there too.
 # - trl-tiled: TRL >= 1.15 `ChunkedLogProbFunction` projects tiles of TOKEN_CHUNK_SIZE positions x
-#   _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary columns (trl/kernels/chunked_logprob.py); its torch fold holds
-#   the tile and three fp32 temporaries of it. Without Triton (CPU) every position is scored, prompt too.
+#   _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary columns (trl/kernels/chunked_logprob.py) into one buffer.
+#   With Triton (CUDA) its kernels fold the tile in place: the buffer is all. Without (CPU) every
+#   position is scored, prompt too, and its torch fold's backward holds seven fp32 temporaries of the
+#   tile beside it (measured: 8.2 fp32 tiles per row in all, VmHWM, glibc's thresholds fixed; a test).
 # - row-chunked: Unsloth's CPU backend (`cpu_chunked_log_probs`): rows of 16 Mi elements / vocab at once,
 #   logits and two fp32 temporaries.
 # - liger: Liger's fused linear GRPO loss, chunks of completions; one chunk's logits in fp32 (CUDA).
@@ -45,7 +47,7 @@ LOGITS_PATHS = ("materialised", "trl-tiled", "row-chunked", "liger", "unsloth-gp
 SHARES_ENGINE_WEIGHTS = ("unsloth-gpu",)
 OFFLOADS_CHECKPOINTS = ("unsloth-gpu",)
 MATERIALISED_COPIES = 3
-TRL_TOKEN_TILE, TRL_VOCAB_TILE, TRL_TILE_FP32_TEMPORARIES = 4096, 32768, 3
+TRL_TOKEN_TILE, TRL_VOCAB_TILE, TRL_TILE_CPU_FP32_TEMPORARIES = 4096, 32768, 7
 UNSLOTH_CPU_CHUNK_ELEMENTS, UNSLOTH_CPU_FP32_TEMPORARIES = 16 * 2**20, 3
 LIGER_CHUNK_COMPLETIONS = 1
 # Gradient checkpointing: above every layer's checkpointed input, the layer being recomputed and its
@@ -219,7 +221,8 @@ def logits_bytes(path: str, shape: Shape, work: Workload, act_bytes: int, cuda: 
         return MATERIALISED_COPIES * scored * vocab * act_bytes
     if path == "trl-tiled":
         rows = min(scored if cuda else work.positions, TRL_TOKEN_TILE)
-        return rows * min(vocab, TRL_VOCAB_TILE) * (act_bytes + 4 * TRL_TILE_FP32_TEMPORARIES)
+        temporaries = 0 if cuda else TRL_TILE_CPU_FP32_TEMPORARIES
+        return rows * min(vocab, TRL_VOCAB_TILE) * (act_bytes + 4 * temporaries)
     if path == "row-chunked":
         rows = min(scored, max(1, UNSLOTH_CPU_CHUNK_ELEMENTS // vocab))
         return rows * vocab * (act_bytes + 4 * UNSLOTH_CPU_FP32_TEMPORARIES)
