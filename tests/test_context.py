@@ -123,13 +123,15 @@ def committed_stack(contender):
         ("cpu/20261130T230900Z-context.json", "cpu", 4),
         ("cpu/20261130T235826Z-context.json", "cpu", 4),
         ("cpu/20261201T002247Z-context.json", "cpu", 4),
+        ("cpu/20261201T004721Z-context.json", "cpu", 4),
+        ("cpu/20261201T010344Z-context.json", "cpu", 4),
     ],
 )
 def test_on_the_committed_doubling_searches_the_guided_search_finds_the_same_maxima(file, profile, most_probes):
     """Replayed on what each committed doubling search measured, the guided search brackets the same
     maxima. With glibc's own malloc thresholds (the first two) the RSS peak is flat at short lengths, where
     the rollout and the freed tensors glibc keeps set it, then jumps, and the search saves no probe; with
-    the thresholds fixed (the others: a doubling search and four guided ones, whose probes are sparser) the
+    the thresholds fixed (the others: a doubling search and six guided ones, whose probes are sparser) the
     RSS follows live tensors and 4 probes a contender do."""
     committed = schema.read_result(RESULTS / file, "context").record
     kept = ("shape", "dtype", "budget_gib", "prompt_words", "start_tokens", "max_tokens", "resolution", "granule")

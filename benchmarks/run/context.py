@@ -122,9 +122,9 @@ def guided_search(
     lie on the granule grid, and a step is a resolution step as far as the grid allows. The probe is the
     length whose step up is centred on the guess, at least a step above the longest fit: where the guess
     is right it fits and the next probe, a step up, fails and closes the bracket. A guess past the first
-    failing length goes to the step under it (once: the model was nearly right; a fit there closes the
-    bracket); otherwise a guess outside the bracket, or a bracket within two steps, is split in log space.
-    Where ``start`` does not fit, lengths halve as in ``search``. Returns ``search``'s
+    failing length goes a step under it (once: the model was nearly right), amid the lengths whose fit
+    closes the bracket; otherwise a guess outside the bracket, or a bracket within two steps, is split in
+    log space. Where ``start`` does not fit, lengths halve as in ``search``. Returns ``search``'s
     ``(last_pass, first_fail)``."""
 
     def down(length: float) -> int:
@@ -132,6 +132,9 @@ def guided_search(
 
     def up(length: float) -> int:
         return max(granule, -int(-length // granule) * granule)
+
+    def step_from(length: int) -> int:  # the step up from a fitting length that closes the bracket
+        return max(granule, down(length * (1 + resolution)) - length)
 
     fitting: list[tuple[int, int]] = []  # (length, measured peak) of every fitting probe
     passed = failed = None
@@ -159,16 +162,19 @@ def guided_search(
         lowest = max(passed + granule, down(passed * (1 + resolution)))
         highest = high if failed is None else max(lowest, min(failed - granule, up(failed / (1 + resolution))))
         guess = _boundary_guess(sorted(fitting), modelled, budget, passed, high, granule)
-        if failed is not None and guess >= failed and not stepped_below:  # just past the guess: a step under
-            length, stepped_below = highest, True
+        if failed is not None and guess >= failed and not stepped_below:  # just past the guess: a step under,
+            length, stepped_below = down((highest + failed - granule) / 2), True  # amid the lengths that close
             continue
         if failed is not None and (failed <= passed * (1 + resolution) ** 2 or not passed < guess < failed):
             guess = (passed * failed) ** 0.5
-        # the step that closes the bracket, centred on the guess: a right guess fits, and one step up fails
-        # (the ceiling itself is probed as it is)
-        step = max(granule, down(guess * (1 + resolution)) - down(guess))
-        aimed = guess if failed is None and guess >= ceiling else guess - step / 2
-        length = min(max(round(aimed / granule) * granule, lowest), highest)
+        if failed is None and guess >= ceiling:  # the ceiling itself is probed as it is
+            length = min(max(ceiling, lowest), highest)
+            continue
+
+        # the length whose step up is centred on the guess: a right guess fits, and one step up fails
+        nearby = range(down(guess - step_from(down(guess))), up(guess) + granule, granule)
+        centred = min(nearby, key=lambda length: abs(length + step_from(length) / 2 - guess))
+        length = min(max(centred, lowest), highest)
 
 
 def _boundary_guess(
@@ -184,7 +190,10 @@ def _boundary_guess(
     anchor, peak = fitting[-1]
     offset = peak - modelled(anchor)
     longest, _ = search(lambda n: offset + modelled(n) <= budget, anchor, high, 0.0, granule)
-    return float(longest or anchor)
+    if longest is None or longest >= high:
+        return float(longest or anchor)
+    below, above = offset + modelled(longest), offset + modelled(longest + granule)  # within the granule
+    return longest + granule * min(1.0, (budget - below) / (above - below)) if above > below else float(longest)
 
 
 def predicted_max(shape: Shape, settings: ContextBench, levers: Levers, hardware: Hardware, path: str) -> int | None:
