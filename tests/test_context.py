@@ -127,8 +127,8 @@ def committed_stack(contender):
         ("cpu/20261201T010344Z-context.json", "cpu", 4),
     ],
 )
-def test_on_the_committed_doubling_searches_the_guided_search_finds_the_same_maxima(file, profile, most_probes):
-    """Replayed on what each committed doubling search measured, the guided search brackets the same
+def test_on_the_committed_searches_the_guided_search_finds_the_same_maxima(file, profile, most_probes):
+    """Replayed on what each committed search measured, the guided search brackets the same
     maxima. With glibc's own malloc thresholds (the first two) the RSS peak is flat at short lengths, where
     the rollout and the freed tensors glibc keeps set it, then jumps, and the search saves no probe; with
     the thresholds fixed (the others: a doubling search and six guided ones, whose probes are sparser) the

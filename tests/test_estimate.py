@@ -10,7 +10,16 @@ import pytest
 from benchmarks import REPO
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
 from benchmarks.cli import main
-from benchmarks.model.estimate import GIB, Workload, estimate, largest_layer_params, on_gpus, rank_model_states
+from benchmarks.model.estimate import (
+    GIB,
+    MATERIALISED_COPIES,
+    Workload,
+    estimate,
+    largest_layer_params,
+    logits_bytes,
+    on_gpus,
+    rank_model_states,
+)
 
 SHAPES = ("0.5b", "7b", "14b", "32b", "70b", "72b")
 
@@ -272,10 +281,34 @@ def test_lora_keeps_less_than_full_fine_tuning_in_fp32_and_at_most_a_third_more_
     assert full < layer_activation_bytes(shape, 2, lora=True, autocast=True) < 1.34 * full
 
 
-MATERIALISED_LOSS = """
-import resource, sys
+PEAK_RSS = """
+import resource
 from benchmarks.run.worker import fix_malloc_thresholds
 fix_malloc_thresholds(131072)  # large blocks mmapped and given back when freed: the RSS follows live tensors
+
+
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+
+
+def reset_peak():  # VmHWM counts from here
+    open("/proc/self/clear_refs", "w").write("5")
+
+
+def peak():  # VmHWM: this process's peak RSS since the reset (ru_maxrss would keep the parent's)
+    return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
+"""
+
+
+def measured(script: str, *args: str) -> float:
+    """The last figure ``script`` prints, run in a fresh interpreter after PEAK_RSS's helpers."""
+    done = subprocess.run([sys.executable, "-c", PEAK_RSS + script, *args], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return float(done.stdout.split()[-1])
+
+
+MATERIALISED_LOSS = """
+import sys
 import torch
 from trl.trainer.utils import selective_log_softmax
 completions, tokens, vocab, hidden, dtype = 4, 256, 32768, 64, getattr(torch, sys.argv[1])
@@ -283,13 +316,12 @@ weight = torch.randn(vocab, hidden, dtype=dtype) / 8
 ids = torch.randint(0, vocab, (completions, tokens))
 for length in (2, tokens):  # a small pass first, so that the measured one allocates only its tensors
     states = torch.randn(completions, length + 1, hidden, dtype=dtype, requires_grad=True)
-    rss = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+    start = rss()
+    reset_peak()
     logits = (states @ weight.T)[:, :-1]  # the model's logits for tokens + 1 positions, the last dropped
     selective_log_softmax(logits, ids[:, :length]).sum().backward()
     del logits
-status = open("/proc/self/status").read()  # VmHWM: this image's peak RSS (ru_maxrss keeps the parent's)
-peak = int(status.split("VmHWM:")[1].split()[0]) * 1024
-print((peak - rss) / (completions * tokens * vocab * dtype.itemsize))
+print((peak() - start) / (completions * tokens * vocab * dtype.itemsize))
 """
 
 
@@ -298,18 +330,11 @@ def test_the_materialised_logits_path_peaks_at_the_copies_the_model_counts(dtype
     """TRL <= 1.14's loss on materialised logits (its `selective_log_softmax`, unchanged in TRL 1.16),
     forward and backward, peaks at MATERIALISED_COPIES copies of the logits above what was live before."""
     pytest.importorskip("trl")
-    from benchmarks.model.estimate import MATERIALISED_COPIES
-
-    done = subprocess.run([sys.executable, "-c", MATERIALISED_LOSS, dtype], cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    copies = float(done.stdout.split()[-1])
-    assert copies == pytest.approx(MATERIALISED_COPIES, abs=0.3)
+    assert measured(MATERIALISED_LOSS, dtype) == pytest.approx(MATERIALISED_COPIES, abs=0.3)
 
 
 CHECKPOINTED_STEP = """
 import dataclasses, sys
-from benchmarks.run.worker import fix_malloc_thresholds
-fix_malloc_thresholds(131072)  # large blocks mmapped and given back when freed: the RSS follows live tensors
 import peft, torch
 from transformers import AutoModelForCausalLM
 from benchmarks.catalog.profiles import load_shapes
@@ -327,10 +352,10 @@ peaks = []
 for tokens in (8, 128, 256):  # the first only warms up
     model.zero_grad(set_to_none=True)
     ids = torch.randint(3, 512, (8, tokens), generator=torch.Generator().manual_seed(0))
-    rss = int(open("/proc/self/statm").read().split()[1]) * 4096
-    open("/proc/self/clear_refs", "w").write("5")  # VmHWM from here
+    start = rss()
+    reset_peak()
     model(input_ids=ids).logits.sum().backward()
-    peaks.append(int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024 - rss)
+    peaks.append(peak() - start)
 print((peaks[2] - peaks[1]) / (8 * 128))
 """
 
@@ -342,19 +367,13 @@ def test_a_checkpointed_step_peaks_per_position_as_the_model_counts(name, model)
     layers, the model's count before this was measured, read 54-67% high."""
     pytest.importorskip("peft")
     shape = dataclasses.replace(load_shapes()[name], num_hidden_layers=4)
-    done = subprocess.run(
-        [sys.executable, "-c", CHECKPOINTED_STEP, name, model], cwd=REPO, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
     levers = Levers(gradient_checkpointing=True, model=model, per_device_train_batch_size=1)
     work = Workload(completions=1, prompt_tokens=0, completion_tokens=1)
     modelled = estimate(shape, "float32", levers, work, load_hardware()["cpu"]).phases["training"]["activations"]
-    assert float(done.stdout.split()[-1]) == pytest.approx(modelled, rel=0.1)
+    assert measured(CHECKPOINTED_STEP, name, model) == pytest.approx(modelled, rel=0.1)
 
 
 TILED_LOSS = """
-from benchmarks.run.worker import fix_malloc_thresholds
-fix_malloc_thresholds(131072)  # large blocks mmapped and given back when freed: the RSS follows live tensors
 import torch
 from trl.kernels import ChunkedLogProbFunction
 vocab, hidden_size = 32768, 64  # one vocabulary tile
@@ -363,11 +382,11 @@ peaks = []
 for rows in (8, 256, 512):  # the first only warms up
     hidden = torch.randn(rows, hidden_size, requires_grad=True)
     targets = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(0))
-    rss = int(open("/proc/self/statm").read().split()[1]) * 4096
-    open("/proc/self/clear_refs", "w").write("5")  # VmHWM from here
+    start = rss()
+    reset_peak()
     logprobs, *_ = ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, vocab, None, 1.0, ("entropy",))
     (-logprobs.sum()).backward()
-    peaks.append(int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024 - rss)
+    peaks.append(peak() - start)
 print((peaks[2] - peaks[1]) / 256)
 """
 
@@ -377,10 +396,6 @@ def test_trl_s_tiled_loss_without_triton_peaks_per_row_as_the_model_counts():
     peak per scored row at what the model counts for the trl-tiled path, within 10% (the tile's buffer
     and seven fp32 temporaries; three, the count before this was measured, read half)."""
     pytest.importorskip("trl.kernels")
-    from benchmarks.model.estimate import logits_bytes
-
-    done = subprocess.run([sys.executable, "-c", TILED_LOSS], cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
     shape = dataclasses.replace(load_shapes()["135m"], vocab_size=32768)
     per_row = logits_bytes("trl-tiled", shape, Workload(completions=1, prompt_tokens=0, completion_tokens=1), 4, False)
-    assert float(done.stdout.split()[-1]) == pytest.approx(per_row, rel=0.1)
+    assert measured(TILED_LOSS) == pytest.approx(per_row, rel=0.1)
