@@ -5,7 +5,8 @@
     python -m benchmarks estimate --shape 32b --hardware h200 [--levers optim=adamw_8bit,model=lora] [...]
     python -m benchmarks tables [--results DIR] [--out DIR] [--doc FILE ...]
     python -m benchmarks compare [A B ...] [--results DIR] [--out DIR]
-    python -m benchmarks context [--profile NAME] [--budget-gib G] [--shape S] [--contenders A,B]
+    python -m benchmarks provenance   # the commit, for a copy of the tree that travels without .git
+    python -m benchmarks context [--profile NAME] [--quick] [--budget-gib G] [--shape S] [--contenders A,B]
                                  [--python NAME=INTERPRETER ...] [--out DIR]
 
 With no ``--profile``, the machine picks it: ``cpu`` with no CUDA device, else by the first GPU's
@@ -19,6 +20,7 @@ import argparse
 import fnmatch
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -163,6 +165,8 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         parser.error(f"--shape {args.shape!r}: not in profiles/shapes.toml ({', '.join(shapes)})")
     if args.hardware not in catalog:
         parser.error(f"--hardware {args.hardware!r}: not in profiles/hardware.toml ({', '.join(catalog)})")
+    if args.prompt_tokens <= 0:
+        parser.error(f"--prompt-tokens must be positive, got {args.prompt_tokens}")
     shape, hardware = shapes[args.shape], catalog[args.hardware]
     capacity = hardware.memory_gib * estimate.GIB
 
@@ -268,7 +272,7 @@ def run_compare(args: argparse.Namespace) -> int:
 def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print_environment()
     try:
-        profile = chosen_profile(args.profile, args.hardware)
+        profile = chosen_profile(args.profile, args.hardware, args.quick)
     except profiles.ProfileError as error:
         parser.error(str(error))
     if profile.context is None:
@@ -296,7 +300,7 @@ def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespac
         if name not in CONTENDERS or not interpreter:
             parser.error(f"--python {item!r}: expected NAME=INTERPRETER with NAME one of {', '.join(CONTENDERS)}")
         pythons[name] = interpreter
-    path = context.run_context(profile, pythons, args.out, overrides)
+    path = context.run_context(profile, pythons, args.out, overrides, args.quick)
     context.print_context_summary(path)
     print(f"\nwrote {shown(path)}")
     return 0
@@ -306,6 +310,21 @@ HARDWARE_HELP = "a class of profiles/hardware.toml: the results go under it (def
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; a run stopped by SIGTERM or ^C ends at once with its file marked (its one line
+    printed by ``schema.marked_incomplete``) and the shell's status for that signal."""
+    def stop(signum: int, frame: object) -> None:
+        raise schema.Stopped(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, stop)  # so that a child the run waits for is stopped with it
+    try:
+        return dispatch(argv)
+    except schema.Stopped:
+        return 128 + signal.SIGTERM
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+
+
+def dispatch(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser("bench", help="run a profile and write result files")
@@ -324,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     search = commands.add_parser("context", help="the max-context search across stacks (nox -s context)")
     search.add_argument("--profile", help="a profile with a [context] table (default: this hardware's)")
     search.add_argument("--hardware", help=HARDWARE_HELP)
+    search.add_argument("--quick", action="store_true", help="the profile's [quick] overlay: a smoke run")
     search.add_argument(
         "--budget-gib", type=float, help="the memory budget in GiB of the device (default: the profile's)"
     )
@@ -363,7 +383,13 @@ def main(argv: list[str] | None = None) -> int:
     versus.add_argument("sides", nargs="*", metavar="FILE_OR_CLASS")
     versus.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
     versus.add_argument("--out", type=Path, help="default: results/compare/<A>-vs-<B>")
+    commands.add_parser(
+        "provenance", help=f"record this checkout's commit in {machine.PROVENANCE.name}, for a tree that travels"
+    )
     args = parser.parse_args(argv)
+    if args.command == "provenance":
+        print(f"{machine.PROVENANCE.name}: {machine.write_provenance().short}")
+        return 0
     if args.command == "estimate":
         return run_estimate(parser, args)
     if args.command == "tables":

@@ -119,6 +119,9 @@ class GrpoBench:
     levers: Levers  # the base configuration
     matrix: dict[str, list] = dataclasses.field(default_factory=dict)  # lever -> values: every combination runs
     extra: tuple[dict, ...] = ()  # single configurations beside the matrix: levers over the base
+    # saved: random weights written once to a model directory (vLLM loads it); on-device: made by each
+    # worker on its device from the shape, nothing on disk (the 32B and 70B classes; no vLLM)
+    weights: str = "saved"
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ class DecodeBench:
     rollout_completion_tokens: int
     projection_dtype_bytes: float  # weights and KV cache: 2 for bf16
     projection_shapes: tuple[str, ...]  # size classes to project
+    weights: str = "saved"  # as GrpoBench's: on-device for a class too large to write to disk
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,9 @@ class ContextBench:
     # CPU: glibc's mmap and trim thresholds fixed at this many bytes in each probe (0: glibc's own, which
     # keeps freed tensors in its heap), so that the RSS budget holds live memory (worker.fix_malloc_thresholds)
     malloc_mmap_threshold: int = 0
+    # one untimed step of each stack before its first probe, at `granule` tokens (twice the probe's time
+    # limit): imports, and on CUDA the compiles whose caches later probes reuse, paid outside the search
+    warmup_probe: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,6 +194,9 @@ SEARCHES = ("guided", "doubling")  # the context search's ways to its bracket
 PARTS = ("rewards", "decode", "grpo", "distributed")
 GRPO_PARTS = ("grpo", "distributed")  # parts that run GRPO configurations
 DTYPES = ("float32", "bfloat16", "float16")
+WEIGHTS = ("saved", "on-device")  # benchmarks.run.models.materialise
+# transformers generate eager; with a static KV cache and CUDA graphs; vLLM
+DECODE_ENGINES = ("transformers", "transformers-graphs", "vllm")
 MODELS = ("full", "lora", "qlora")
 VLLM_MODES = ("colocate", "server")
 DISTRIBUTED_TYPES = ("no", "ddp", "zero1", "zero2", "zero3", "fsdp2")
@@ -399,9 +409,18 @@ def _check(profile: Profile, file: str) -> None:
             raise ProfileError(f"{file}: parts lists {part} but there is no [{part}] table")
     if profile.decode.shape not in load_shapes():
         raise ProfileError(f"{file}: decode.shape: {profile.decode.shape!r} is not in profiles/shapes.toml")
+    decode_lengths = ("probe_array_mib", "probe_repeats", "new_tokens", "repeats", "max_prefill_tokens")
+    _positive(profile.decode, decode_lengths, file, "decode")
+    for key in ("batches", "contexts"):
+        if any(v <= 0 for v in getattr(profile.decode, key)):
+            raise ProfileError(f"{file}: decode.{key}: every value must be positive")
     for i, engine in enumerate(profile.decode.engines):
-        if engine not in ("transformers", "vllm"):
-            raise ProfileError(f"{file}: decode.engines[{i}]: {engine!r} is not transformers or vllm")
+        if engine not in DECODE_ENGINES:
+            raise ProfileError(f"{file}: decode.engines[{i}]: {engine!r} is not one of {', '.join(DECODE_ENGINES)}")
+    if profile.decode.weights not in WEIGHTS:
+        raise ProfileError(f"{file}: decode.weights: {profile.decode.weights!r} is not one of {', '.join(WEIGHTS)}")
+    if profile.decode.weights == "on-device" and "vllm" in profile.decode.engines:
+        raise ProfileError(f"{file}: decode: vLLM loads weights from disk; weights = 'on-device' leaves none there")
     for i, name in enumerate(profile.decode.projection_shapes):
         if name not in load_shapes():
             raise ProfileError(f"{file}: decode.projection_shapes[{i}]: {name!r} is not in profiles/shapes.toml")
@@ -434,6 +453,8 @@ def _check_shape_and_dtype(section: str, shape: str, dtype: str, file: str) -> N
 
 def _check_grpo(grpo: GrpoBench, file: str, part: str) -> None:
     _check_shape_and_dtype(part, grpo.shape, grpo.dtype, file)
+    if grpo.weights not in WEIGHTS:
+        raise ProfileError(f"{file}: {part}.weights: {grpo.weights!r} is not one of {', '.join(WEIGHTS)}")
     _positive(grpo, ("measured_steps", "prompt_words", "memory_budget_gib", "configuration_timeout_s"), file, part)
     if grpo.warmup_steps < 0:
         raise ProfileError(f"{file}: {part}.warmup_steps: must be at least 0, got {grpo.warmup_steps}")
@@ -448,6 +469,8 @@ def _check_grpo(grpo: GrpoBench, file: str, part: str) -> None:
             check_lever(lever, value, file, f"{part}.extra[{i}].{lever}")
     for name, levers in configurations(grpo):
         check_levers(levers, file, f"{part} configuration {name!r}")
+        if grpo.weights == "on-device" and levers.use_vllm:
+            raise ProfileError(f"{file}: {part} configuration {name!r}: vLLM loads weights from disk, not on-device")
 
 
 def _check_context(context: ContextBench, file: str) -> None:

@@ -16,11 +16,16 @@
 # (Unsloth's Studio app, bitsandbytes' libraries for CUDA before 13, ROCm and XPU) and prints the
 # size: about 50 MiB, which with the tree stays under the 64 MiB that travels. Then, on the GPU machine, in the repository root:
 #
-#   bash benchmarks/device/context-h200.sh     # with the device tool: carry=[".context-site"], timeout_s=600
+#   bash benchmarks/device/context-h200.sh     # the device tool: carry=[".context-site", ".grpo-bench-commit.json"]
 #
-# CONTEXT_SECONDS (default 510) bounds the whole search; a search cut there is written with
-# `complete: false`, and the contenders it reached are kept (the claim's pair runs first). Result files
-# land under $OUT (the device tool brings them back) or else results/runs; commit them under
+# `--rehearse` runs the same flow here on the profile's tiny shapes (--quick), every contender by this
+# machine's python3 (a stack missing here ends as an error, a CUDA-only one as skipped, each saying why).
+#
+# CONTEXT_SECONDS (default 510) bounds the whole search. Every contender runs under the same allocator
+# settings, each stack first takes one untimed warm-up step (Unsloth compiles its loss in every new
+# process), and the file is written after every probe with the verdict so far: a search cut at its
+# limit keeps every probe that ended (the claim's pair runs first) and says `complete: false`. Result
+# files land under $OUT (the device tool brings them back) or else results/runs; commit them under
 # results/runs/h200/. The wheel list follows each wheel's metadata; it has not yet run on the device.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,9 +40,9 @@ if [ "${1:-}" = "--prepare" ]; then
       --platform manylinux2014_x86_64 --platform any --no-compile --target "$target" "$@"
   }
   rm -rf "$site"
-  # What every TRL needs beyond the machine's packages (datasets below 5: Unsloth's bound), and
-  # bitsandbytes, which Unsloth and TRL's PEFT paths import.
-  install common "datasets==4.3.0" "dill==0.4.0" "multiprocess==0.70.18" "bitsandbytes==0.50.2"
+  # What every TRL needs beyond the machine's packages (datasets at TRL's floor, >=4.7, and below 5:
+  # Unsloth's bound), and bitsandbytes, which Unsloth and TRL's PEFT paths import.
+  install common "datasets==4.8.4" "dill==0.4.1" "multiprocess==0.70.19" "bitsandbytes==0.50.2"
   find "$site/common/bitsandbytes" \( -name 'libbitsandbytes_cuda1[0-2]*.so' -o -name 'libbitsandbytes_rocm*.so' \
     -o -name 'libbitsandbytes_xpu*.so' \) -delete
   install trl-1.14.2 "trl==1.14.2"
@@ -50,16 +55,23 @@ if [ "${1:-}" = "--prepare" ]; then
     "tyro==1.0.17" "docstring-parser==0.18.0" "shtab==1.13.0" "typeguard==4.6.1" "msgspec==0.23.0" \
     "json5==0.17.3" "nest-asyncio==1.6.0" "structlog==26.1.0"
   rm -rf "$site/unsloth/studio" "$site/unsloth/unsloth_cli"
+  python3 -c 'from benchmarks.run.machine import write_provenance; print("provenance:", write_provenance().short)'
   du -sh "$site" "$site"/*
   exit 0
 fi
 
-[ -d "$site/common" ] || { echo "no $site: run 'bash $0 --prepare' first, on a machine that reaches PyPI"; exit 2; }
+quick=()
+if [ "${1:-}" = "--rehearse" ]; then
+  quick=(--quick)
+elif [ ! -d "$site/common" ]; then
+  echo "no $site: run 'bash $0 --prepare' first, on a machine that reaches PyPI"
+  exit 2
+fi
 bin="$(mktemp -d /tmp/grpo-bench-context.XXXXXX)"
-interpreter() {  # a contender's name, then its site directories, first on the path
+interpreter() {  # a contender's name, then its site directories, first on the path (none when rehearsing)
   local name=$1 path=""
   shift
-  for dir in "$@"; do path="$path$PWD/$site/$dir:"; done
+  [ ${#quick[@]} -eq 0 ] && for dir in "$@"; do path="$path$PWD/$site/$dir:"; done
   printf '#!/bin/sh\nexport PYTHONPATH="%s%s"\nexec python3 "$@"\n' "$path" "$PWD" >"$bin/$name"
   chmod +x "$bin/$name"
 }
@@ -68,11 +80,10 @@ interpreter trl-1.16 trl-1.16 common
 interpreter trl-1.16-liger liger trl-1.16 common
 interpreter unsloth-2026.10.9 unsloth common
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 results="${OUT:-results/runs}"
 status=0
-timeout --signal=TERM --kill-after=30 "${CONTEXT_SECONDS:-510}" "$bin/trl-1.16" -m benchmarks context --profile h200 \
-  --out "$results" --python "trl-1.14.2=$bin/trl-1.14.2" --python "trl-1.16=$bin/trl-1.16" \
+timeout --signal=TERM --kill-after=10 "${CONTEXT_SECONDS:-510}" "$bin/trl-1.16" -m benchmarks context --profile h200 \
+  "${quick[@]}" --out "$results" --python "trl-1.14.2=$bin/trl-1.14.2" --python "trl-1.16=$bin/trl-1.16" \
   --python "trl-1.16-liger=$bin/trl-1.16-liger" --python "unsloth-2026.10.9=$bin/unsloth-2026.10.9" || status=$?
 if [ "$status" = 124 ]; then
   echo "the search reached CONTEXT_SECONDS: its file keeps the contenders it measured and says complete: false"

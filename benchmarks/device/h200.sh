@@ -1,39 +1,96 @@
 #!/usr/bin/env bash
-# The h200 profile on one H200, as one command within 9 minutes: the decode part (the device's own
-# bandwidth ceiling, then transformers decode; vLLM is recorded as skipped where it is not installed),
-# then the GRPO configurations in order, each bounded by the profile's configuration_timeout_s and
-# all of them by GRPO_SECONDS (a run cut there is written with `complete: false` and why).
+# The seed's size-class questions on one H200, as one command within 9 minutes. Its parts run in this
+# order, each under `timeout` at its own budget (PLAN below), each writing its result file as it measures,
+# so that a part cut at its budget loses at most what it had in progress and the next part still runs:
 #
-# For a machine with torch, transformers, peft, accelerate, psutil, nvidia-ml-py, pyarrow, pandas and
-# xxhash but no TRL, datasets or bitsandbytes, and no network (the H200 lent to this project). Once,
-# on a machine that reaches PyPI, from the repository root (the wheels are git-ignored; ~45 MB, so
-# the tree that travels stays under 64 MiB; match --python-version to the GPU machine's python3):
+#   check     the machine: runtime, git, package versions, NVML, expandable segments, 4-bit (a text file)
+#   grpo-3b   the 24 GB row: 3B, full fine-tuning, 8-bit AdamW, checkpointing, allocator capped at 22.5 GiB
+#   grpo-32b  the H200 row: 32B, LoRA, checkpointing
+#   decode    8B bf16 decode in CUDA graphs at batch 1 and 64: GB/s against the ceiling and the spec
+#   grpo-70b  toward the B200 row: 70B, QLoRA, checkpointing
 #
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-#     --platform any -d .wheels "trl==1.16.0" "datasets==5.2.0" "dill==0.4.1" "multiprocess==0.70.19" \
-#     "bitsandbytes==0.50.2"
+# Every model is made on the GPU from profiles/shapes.toml (no checkpoint on disk). No vLLM runs there:
+# its engine's memory stays predicted (`python -m benchmarks estimate`), and rollouts are transformers'.
 #
-# (--no-deps: pip would otherwise pull gigabytes of CUDA libraries the machine already has; dill and
-# multiprocess are what datasets needs beyond the machine's packages.) Then, on the GPU machine, in the
-# repository root:
+# For a machine with torch, transformers, peft, accelerate, psutil, nvidia-ml-py, pyarrow and pandas but
+# no TRL, datasets or bitsandbytes, no git and no network (the H200 lent to this project). Once, where the
+# checkout is and PyPI answers, from the repository root:
 #
-#   bash benchmarks/device/h200.sh            # with the device tool: carry=[".wheels"], timeout_s=600
+#   bash benchmarks/device/h200.sh --prepare   # the wheels (~45 MB, git-ignored) and the commit's record
+#   bash benchmarks/device/h200.sh --plan      # the parts and their budgets; exits 1 past 9 minutes
+#   bash benchmarks/device/h200.sh --rehearse  # the same flow on this machine, tiny shapes (--quick)
 #
-# Result files land under $OUT (the device tool brings them back) or else results/runs; commit them
-# under results/runs/h200/.
+# then on the GPU machine (the device tool: carry=[".wheels", ".grpo-bench-commit.json"], timeout_s=600):
+#
+#   bash benchmarks/device/h200.sh
+#
+# Result files land under $OUT (the device tool brings them back) or else results/runs; commit them under
+# results/runs/h200/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-GRPO_SECONDS="${GRPO_SECONDS:-390}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/grpo-bench-site .wheels/*.whl
-export PYTHONPATH="/tmp/grpo-bench-site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-results="${OUT:-results/runs}"
-python3 -m benchmarks bench --profile h200 --only decode --out "$results"
-status=0
-timeout --signal=TERM --kill-after=30 "$GRPO_SECONDS" python3 -m benchmarks bench --profile h200 --only grpo --out "$results" || status=$?
-if [ "$status" = 124 ]; then
-  echo "the GRPO part reached GRPO_SECONDS=$GRPO_SECONDS: its file lists what ran and says complete: false"
-elif [ "$status" != 0 ]; then
-  exit "$status"
+mode="${1:-run}"
+PLAN_LIMIT_S=540
+PARTS=(check grpo-3b grpo-32b decode grpo-70b)
+declare -A BUDGET_S=([check]=20 [grpo-3b]=90 [grpo-32b]=120 [decode]=180 [grpo-70b]=120)
+declare -A PROFILE=([grpo-3b]="h200-24gb-row --only grpo" [grpo-32b]="h200 --only grpo" [decode]="h200 --only decode"
+  [grpo-70b]="h200-70b --only grpo")
+
+planned=0
+for part in "${PARTS[@]}"; do planned=$((planned + BUDGET_S[$part])); done
+if [ "$mode" = --plan ] || [ "$planned" -gt "$PLAN_LIMIT_S" ]; then
+  for part in "${PARTS[@]}"; do printf '%-9s %4d s\n' "$part" "${BUDGET_S[$part]}"; done
+  printf 'planned   %4d s of %d\n' "$planned" "$PLAN_LIMIT_S"
+  [ "$planned" -le "$PLAN_LIMIT_S" ] && exit 0 || exit 1
 fi
+
+if [ "$mode" = --prepare ]; then
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform any -d .wheels "trl==1.16.0" "datasets==5.2.0" "dill==0.4.1" "multiprocess==0.70.19" \
+    "bitsandbytes==0.50.2"
+  python3 -c 'from benchmarks.run.machine import write_provenance; print("provenance:", write_provenance().short)'
+  du -sh .wheels
+  exit 0
+fi
+
+quick=()
+if [ "$mode" = --rehearse ]; then
+  quick=(--quick)  # the profiles' tiny shapes; the CUDA-only steps skip themselves, saying why
+elif [ "$mode" = run ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/grpo-bench-site \
+    .wheels/*.whl
+  export PYTHONPATH="/tmp/grpo-bench-site${PYTHONPATH:+:$PYTHONPATH}"
+else
+  echo "unknown mode $mode: none, --plan, --prepare or --rehearse"
+  exit 2
+fi
+export PYTHONUNBUFFERED=1
+results="${OUT:-results/runs}"
+mkdir -p "$results/h200"
+stamp="$(date -u +%Y%m%dT%H%M%SZ)"
+exec > >(tee "$results/h200/$stamp-h200-log.txt") 2>&1
+
+declare -A ended
+for part in "${PARTS[@]}"; do
+  echo "== $part (budget ${BUDGET_S[$part]} s) =="
+  if [ "$part" = check ]; then
+    command=(python3 -m benchmarks.run.preflight "$results/h200/$stamp-check.txt")
+  else
+    read -ra chosen <<<"${PROFILE[$part]}"
+    command=(python3 -m benchmarks bench --profile "${chosen[@]}" --out "$results" "${quick[@]}")
+  fi
+  status=0
+  timeout --signal=TERM --kill-after=10 "${BUDGET_S[$part]}" "${command[@]}" || status=$?
+  case $status in
+    0) ended[$part]="done" ;;
+    124) ended[$part]="cut at its ${BUDGET_S[$part]} s budget: its file keeps what it measured (complete: false)" ;;
+    *) ended[$part]="failed (exit $status): see the log above" ;;
+  esac
+done
+echo "== summary =="
+failed=0
+for part in "${PARTS[@]}"; do
+  echo "$part: ${ended[$part]}"
+  [ "${ended[$part]}" = done ] || failed=1
+done
+exit "$failed"

@@ -86,8 +86,6 @@ def projections(profile: Any, ceiling_gb_s: float) -> list[dict[str, Any]]:
     """Rollout seconds of one GRPO step per size class x hardware class x bandwidth basis:
     this run's measured ceiling for the profile's own hardware, every class's spec, and a
     sustained budget where one is known (DGX Spark: 180 and 192 GB/s)."""
-    settings = profile.decode
-    sequences = settings.rollout_prompts * settings.rollout_num_generations
     rows = []
     for hardware_name, hardware in load_hardware().items():
         bases = []
@@ -97,26 +95,45 @@ def projections(profile: Any, ceiling_gb_s: float) -> list[dict[str, Any]]:
             bases.append(("spec", hardware.spec_bandwidth_gb_s))
         for budget in hardware.sustained_bandwidth_gb_s or ():
             bases.append((f"sustained budget {budget:g}", budget))
-        for shape_name in settings.projection_shapes:
-            shape = load_shapes()[shape_name]
-            for basis, gb_per_s in bases:
-                seconds = rollout_seconds(
-                    shape,
-                    settings.projection_dtype_bytes,
-                    sequences,
-                    settings.rollout_prompt_tokens,
-                    settings.rollout_completion_tokens,
-                    gb_per_s,
-                )
-                rows.append(
-                    {
-                        "hardware": hardware_name,
-                        "shape": shape_name,
-                        "basis": basis,
-                        "gb_per_s": gb_per_s,
-                        "rollout_s": seconds,
-                        "weights_gib": shape.param_count() * settings.projection_dtype_bytes / 2**30,
-                        "predicted": True,
-                    }
-                )
+        rows += _rollout_rows(profile.decode, hardware_name, bases)
+    return rows
+
+
+def projections_at_fraction(profile: Any, fraction: float) -> list[dict[str, Any]]:
+    """The same rollouts on every class with a spec, at the fraction of its spec that this run's decode
+    achieved (its best row not bound by kernel launches): what this engine would do there."""
+    basis = f"decode as achieved here: {fraction:.0%} of spec"
+    return [
+        row
+        for name, hardware in load_hardware().items()
+        if hardware.spec_bandwidth_gb_s
+        for row in _rollout_rows(profile.decode, name, [(basis, fraction * hardware.spec_bandwidth_gb_s)])
+    ]
+
+
+def _rollout_rows(settings: Any, hardware_name: str, bases: list[tuple[str, float]]) -> list[dict[str, Any]]:
+    sequences = settings.rollout_prompts * settings.rollout_num_generations
+    rows = []
+    for shape_name in settings.projection_shapes:
+        shape = load_shapes()[shape_name]
+        for basis, gb_per_s in bases:
+            seconds = rollout_seconds(
+                shape,
+                settings.projection_dtype_bytes,
+                sequences,
+                settings.rollout_prompt_tokens,
+                settings.rollout_completion_tokens,
+                gb_per_s,
+            )
+            rows.append(
+                {
+                    "hardware": hardware_name,
+                    "shape": shape_name,
+                    "basis": basis,
+                    "gb_per_s": gb_per_s,
+                    "rollout_s": seconds,
+                    "weights_gib": shape.param_count() * settings.projection_dtype_bytes / 2**30,
+                    "predicted": True,
+                }
+            )
     return rows

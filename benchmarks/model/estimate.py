@@ -84,6 +84,13 @@ class Workload:
     completion_tokens: int
     generated: int = 0  # 0: one micro-batch
 
+    def __post_init__(self) -> None:
+        for name in ("completions", "prompt_tokens", "completion_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.generated < 0:
+            raise ValueError(f"generated must be at least 0, got {self.generated}")
+
     @classmethod
     def of(cls, levers: Levers, prompt_tokens: int, completion_tokens: int | None = None) -> Workload:
         """The workload the levers define, TRL's way."""
@@ -115,6 +122,15 @@ class Estimate:
 
     def total(self, phase: str) -> int:
         return sum(self.phases.get(phase, {}).values())
+
+    def allocator_total(self, phase: str) -> int:
+        """What torch's caching allocator holds in ``phase`` on CUDA: every term but ``runtime`` (the CUDA
+        context lives outside it, and so outside ``set_per_process_memory_fraction``'s cap)."""
+        return self.total(phase) - self.phases.get(phase, {}).get("runtime", 0)
+
+    @property
+    def allocator_peak(self) -> int:
+        return max((self.allocator_total(phase) for phase in self.phases), default=0)
 
     @property
     def peak(self) -> int:

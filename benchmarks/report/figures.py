@@ -41,7 +41,7 @@ def decode_table(run: DecodeFile) -> str:
     rollout.insert(0, "size class", rollout.index)
     shape = run.projection_rollout
     lines = [
-        f"Measured on {run.machine.cpu} ({run.machine.cores} cores), commit {run.commit.short}, {run.started}.",
+        f"Measured on {measured_on(run)}, commit {run.commit.short}, {run.started}.",
         "",
         f"Ceiling: {best.kernel} {best.median_gb_s:.1f} GB/s (median; {best.min_gb_s:.1f}-{best.max_gb_s:.1f}).",
         "",
@@ -54,6 +54,13 @@ def decode_table(run: DecodeFile) -> str:
         frames.markdown(rollout, numeric=tuple(rollout.columns[1:])),
     ]
     return "\n".join(lines) + "\n"
+
+
+def measured_on(run: DecodeFile) -> str:
+    """The device a decode run measured: its GPU where the run had one (the host beside it), else the CPU."""
+    host = f"{run.machine.cpu} ({run.machine.cores} cores)"
+    gpus = run.machine.gpus
+    return f"{gpus[0].name} ({gpus[0].memory_gib:g} GiB; host {host})" if gpus else host
 
 
 def decode_figure(run: DecodeFile, path: Path) -> None:

@@ -92,7 +92,7 @@ def ranks(results: list[Result]) -> pd.DataFrame:
 
 def phases(result: Result) -> pd.DataFrame:
     """Through the last measured step of each configuration that ran: each phase in order, its
-    exclusive seconds and its peak (device memory on CUDA, host RSS on CPU)."""
+    exclusive seconds and its own peak (torch's allocator in the phase on CUDA, host RSS on CPU)."""
     rows = []
     for number, configuration in enumerate(result.record.configurations, 1):
         steps = [s for s in configuration.steps if not s.warmup]
@@ -100,10 +100,9 @@ def phases(result: Result) -> pd.DataFrame:
             continue
         step = steps[-1]
         for phase in PHASE_ORDER:
-            if phase in step.phase_s and phase in step.peaks:
-                rows.append(
-                    {"number": number, "phase": phase, "seconds": step.phase_s[phase], "peak_bytes": step.peaks[phase]}
-                )
+            if phase in step.phase_s and phase in step.phase_peaks:
+                peak = step.phase_peaks[phase]
+                rows.append({"number": number, "phase": phase, "seconds": step.phase_s[phase], "peak_bytes": peak})
     return pd.DataFrame(rows, columns=["number", "phase", "seconds", "peak_bytes"])
 
 

@@ -550,12 +550,22 @@ def _context_probe_errors(results: list[Result]) -> list[str]:
 def headline(results: list[Result], every_run: bool = False) -> list[Result]:
     """The results the tables cite: the newest complete, whole run of each series (kind, hardware
     class, shape, quick); with ``every_run``, every complete run, superseded and --only subsets
-    too. A run that ended early is never cited."""
+    too. A GRPO run that ended early (``cut``) is cited for the configurations it finished, where no
+    whole run of its series is newer; any other run that ended early is never cited."""
     complete = [r for r in results if r.complete]
     if every_run:
-        return complete
+        return [r for r in results if r.complete or cut(r)]
     newest = {r.series: r for r in complete if r.whole}  # oldest first: the newest stays
-    return [r for r in complete if newest.get(r.series) is r]
+    newest_cut = {r.series: r for r in results if cut(r)}
+    cited = [r for r in complete if newest.get(r.series) is r]
+    cited += [r for series, r in newest_cut.items() if series not in newest or r.path > newest[series].path]
+    chosen = {id(r) for r in cited}
+    return [r for r in results if id(r) in chosen]
+
+
+def cut(result: Result) -> bool:
+    """A GRPO run that ended early with finished configurations in its file: each one citable as it is."""
+    return not result.complete and result.kind in ("grpo", "distributed") and bool(result.record.configurations)
 
 
 def build(results: list[Result]) -> dict[str, str]:
@@ -576,10 +586,12 @@ def last_verified(results: list[Result]) -> str:
 
 def _counted(cited: list[Result], results: list[Result]) -> str:
     text = f"{len(cited)} of {len(results)} result files"
-    incomplete = [r.path for r in results if not r.complete]
+    incomplete = [r.path for r in results if not r.complete and r not in cited]
+    partial = [r.path for r in cited if not r.complete]
     others = len(results) - len(cited) - len(incomplete)
     if others:
         text += f"; {others} superseded or partial (shown with --all)"
+    text += f"; cited for the configurations they finished, ended early: {', '.join(partial)}" if partial else ""
     return text + (f"; left out, ended early: {', '.join(incomplete)}" if incomplete else "")
 
 

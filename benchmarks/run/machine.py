@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
@@ -56,13 +58,69 @@ def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     return found
 
 
-def commit() -> schema.Commit:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+# Written where the checkout is, before a tree travels to a machine without git or ``.git``
+# (``python -m benchmarks provenance``; the GPU scripts' preparation): the commit, and the git blob hash of
+# every file it tracks, so that a copy can say itself whether it still is that commit.
+PROVENANCE = REPO / ".grpo-bench-commit.json"
 
-    return schema.Commit(
-        id=git("rev-parse", "HEAD") or None, dirty=bool(git("status", "--porcelain", "--untracked-files=no"))
-    )
+
+def commit() -> schema.Commit:
+    """The commit this tree is, and whether its tracked files differ from it: from git where the checkout
+    is, else from ``PROVENANCE`` (the files hashed against it); where neither answers, unknown (``id`` and
+    ``dirty`` None), never clean."""
+    found = commit_from_git()
+    if found is not None:
+        return found
+    try:
+        recorded = json.loads(PROVENANCE.read_text())
+        changed = [path for path, blob in recorded["blobs"].items() if blob_hash(REPO / path) != blob]
+        return schema.Commit(
+            id=recorded["id"],
+            dirty=bool(changed),
+            source=f"{PROVENANCE.name} of {recorded['written']}: no git here; {len(changed)} tracked file(s) differ",
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return schema.Commit(id=None, dirty=None, source="unknown: no git checkout here and no provenance file")
+
+
+def blob_hash(path: Path) -> str | None:
+    """git's object id of a file's content (None: no such file)."""
+    try:
+        content = path.read_bytes()
+    except OSError:
+        return None
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+
+
+def git(*args: str) -> str | None:
+    """git's output in the checkout, or None where git or the checkout is missing."""
+    try:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def commit_from_git() -> schema.Commit | None:
+    """HEAD and the dirty state of tracked files, or None where git or the checkout is missing."""
+    head = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    if not head or status is None:
+        return None
+    return schema.Commit(id=head, dirty=bool(status), source="git")
+
+
+def write_provenance() -> schema.Commit:
+    """``PROVENANCE`` from this checkout's git: HEAD and its tracked files' blob hashes."""
+    found, listing = commit_from_git(), git("ls-tree", "-r", "HEAD")
+    if found is None or listing is None:
+        raise SystemExit(f"no git checkout at {REPO}: the provenance must be written where the checkout is")
+    blobs = {}
+    for line in listing.splitlines():
+        meta, path = line.split("\t", 1)
+        blobs[path] = meta.split()[2]
+    PROVENANCE.write_text(json.dumps({"id": found.id, "written": schema.now(), "blobs": blobs}) + "\n")
+    return found
 
 
 def stamp() -> str:

@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.catalog.profiles import WEIGHTS
 from benchmarks.catalog.shapes import Shape
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
@@ -74,28 +75,96 @@ def cache_root() -> Path:
     return Path(os.environ.get("GRPO_BENCH_CACHE", Path.home() / ".cache" / "grpo-bench"))
 
 
-def materialise(shape: Shape, dtype: str = "float32", root: Path | None = None) -> Path:
-    """The model directory for ``shape`` in ``dtype`` (built once, then reused)."""
+def materialise(shape: Shape, dtype: str = "float32", root: Path | None = None, weights: str = "saved") -> Path:
+    """The model directory for ``shape`` in ``dtype`` (built once, then reused): with ``weights="saved"``
+    random weights in safetensors (what vLLM loads); with ``"on-device"`` its config and tokenizer only,
+    the weights built by the worker on its device (``build_on_device``): a 32B or 70B class never touches
+    the disk."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    key = hashlib.sha256(json.dumps([asdict(shape), dtype, 1], sort_keys=True).encode()).hexdigest()[:16]
-    target = (
-        (root or cache_root())
-        / "models"
-        / f"{shape.architecture}-{shape.hidden_size}x{shape.num_hidden_layers}-{dtype}-{key}"
-    )
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights {weights!r}: one of {', '.join(WEIGHTS)}")
+    saved = weights == "saved"
+    key = hashlib.sha256(json.dumps([asdict(shape), dtype, 1 if saved else 2], sort_keys=True).encode()).hexdigest()
+    name = f"{shape.architecture}-{shape.hidden_size}x{shape.num_hidden_layers}-{dtype}-{key[:16]}"
+    target = (root or cache_root()) / "models" / (name if saved else f"{name}-config-only")
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(hf_config(shape, dtype), dtype=getattr(torch, dtype))
-        model.save_pretrained(scratch)
+        if saved:
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(hf_config(shape, dtype), dtype=getattr(torch, dtype))
+            model.save_pretrained(scratch)
+        else:
+            hf_config(shape, dtype).save_pretrained(scratch)
         build_tokenizer(shape.vocab_size).save_pretrained(scratch)
         os.replace(scratch, target)  # whole or not at all
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     return target
+
+
+def build_on_device(model_dir: str | Path, dtype: Any, device: Any, four_bit: bool = False) -> Any:
+    """The model of ``model_dir``'s config with random weights, made on ``device`` (nothing read from disk
+    but the config); ``four_bit``: every decoder linear in bitsandbytes NF4 (double quantisation, computing
+    in ``dtype``), made one layer at a time, so that no more than a layer is ever held in ``dtype``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    torch.manual_seed(0)
+    if not four_bit:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    else:
+        layers = config.num_hidden_layers
+        config.num_hidden_layers = 1  # the rest follow one at a time
+        default = torch.get_default_dtype()
+        try:
+            torch.set_default_dtype(dtype)  # each new layer made in dtype, never in fp32 first
+            with torch.device(device):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+                decoder = model.model.layers
+                quantise_linears(decoder[0], dtype)
+                for index in range(1, layers):
+                    layer = type(decoder[0])(config, index)
+                    quantise_linears(layer, dtype)
+                    decoder.append(layer)
+        finally:
+            torch.set_default_dtype(default)
+        model.config.num_hidden_layers = layers
+        model.is_loaded_in_4bit = True  # as transformers marks a 4-bit load: TRL keeps the adapters in bf16
+    model.config.name_or_path = str(model_dir)
+    return model
+
+
+def quantise_linears(module: Any, dtype: Any) -> None:
+    """Every ``nn.Linear`` under ``module`` replaced, in place, by a bitsandbytes NF4 ``Linear4bit`` of its
+    weights (quantised where they lie)."""
+    import bitsandbytes as bnb
+    import torch
+
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, torch.nn.Linear):
+                continue
+            weight = child.weight.data
+            quantised = bnb.nn.Linear4bit(
+                child.in_features,
+                child.out_features,
+                bias=child.bias is not None,
+                compute_dtype=dtype,
+                compress_statistics=True,
+                quant_type="nf4",
+                device="meta",
+            )
+            quantised.weight = bnb.nn.Params4bit(
+                weight, requires_grad=False, compress_statistics=True, quant_type="nf4", module=quantised
+            ).to(weight.device)
+            if child.bias is not None:
+                quantised.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
+            setattr(parent, name, quantised)

@@ -114,6 +114,12 @@ class Phases:
         finally:
             self.leave()
 
+    def peaks_so_far(self) -> dict[str, int]:
+        """torch's allocator since the current phase began (a phase that ran out of memory)."""
+        import torch
+
+        return {"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}
+
     def take(self) -> tuple[dict[str, float], dict[str, dict[str, int]]]:
         """The totals since the last take, and reset them."""
         seconds, peaks = dict(self.seconds), {k: dict(v) for k, v in self.cuda_peaks.items()}
@@ -370,6 +376,11 @@ def load_policy(job: dict, cuda: bool) -> tuple[Any, Any]:
         load["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
         )
+    if job.get("weights") == "on-device":  # no weights on disk: random ones made on the device
+        from benchmarks.run.models import build_on_device
+
+        device = torch.device("cuda", LOCAL_RANK) if cuda else torch.device("cpu")
+        return build_on_device(model_dir, dtype, device, four_bit=levers["model"] == "qlora"), peft_config
     if cuda and levers["distributed_type"] not in ("zero3", "fsdp2"):  # those place (and shard) it themselves
         load["device_map"] = {"": LOCAL_RANK}
     return AutoModelForCausalLM.from_pretrained(model_dir, **load), peft_config
@@ -572,7 +583,9 @@ def run(job: dict, channel: TextIO) -> None:
             fraction = min(1.0, job["memory_budget_bytes"] / total)
             torch.cuda.set_per_process_memory_fraction(fraction)
             budget = {"budget_bytes": min(job["memory_budget_bytes"], total), "fraction": fraction}
-        report(channel, event="device", name=torch.cuda.get_device_name(), total_bytes=total, **budget)
+        allocator = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "default"
+        name = torch.cuda.get_device_name()
+        report(channel, event="device", name=name, total_bytes=total, allocator_conf=allocator, **budget)
     phases = Phases(channel, cuda)
     server = job["levers"]["use_vllm"] and job["levers"]["vllm_mode"] == "server"
     with tempfile.TemporaryDirectory() as output_dir, contextlib.ExitStack() as stack:
@@ -590,7 +603,8 @@ def run(job: dict, channel: TextIO) -> None:
                 report(channel, event="oom", phase="engine_start", reason=reason, error=str(error)[:500])
                 return
             if is_out_of_memory(error):
-                report(channel, event="oom", phase=phases.current or "setup", error=str(error)[:500])
+                peaks = phases.peaks_so_far() if cuda else None
+                report(channel, event="oom", phase=phases.current or "setup", error=str(error)[:500], cuda_peak_bytes=peaks)
                 return
             raise
     report(channel, event="done")
@@ -615,6 +629,8 @@ def main() -> None:
     if job.get("malloc_mmap_threshold"):  # before torch allocates anything
         fix_malloc_thresholds(job["malloc_mmap_threshold"])
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    if job.get("allocator_conf"):  # before torch reads it (both names: torch >= 2.9 and older)
+        os.environ.update(PYTORCH_ALLOC_CONF=job["allocator_conf"], PYTORCH_CUDA_ALLOC_CONF=job["allocator_conf"])
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.connect(job["channel"])
     with connection, connection.makefile("w") as channel:
