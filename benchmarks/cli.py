@@ -33,7 +33,7 @@ from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.model import estimate
-from benchmarks.report import compare, figures, tables
+from benchmarks.report import compare, figures, tables, validation
 from benchmarks.results import schema
 from benchmarks.run import context, decode, devices, grpo, machine, pace
 
@@ -312,6 +312,7 @@ HARDWARE_HELP = "a class of profiles/hardware.toml: the results go under it (def
 def main(argv: list[str] | None = None) -> int:
     """The command line; a run stopped by SIGTERM or ^C ends at once with its file marked (its one line
     printed by ``schema.marked_incomplete``) and the shell's status for that signal."""
+
     def stop(signum: int, frame: object) -> None:
         raise schema.Stopped(f"signal {signal.Signals(signum).name}")
 
@@ -447,12 +448,19 @@ def dispatch(argv: list[str] | None = None) -> int:
             print_rewards_summary(path)
         elif part == "decode":
             path = decode.run_decode(profile, args.quick, args.out)
-            figures.print_decode_summary(path)
-            for made in figures.write_decode_report(path):
-                print(f"made {shown(made)}")
+            try:  # tabulate and matplotlib: a GPU box may lack them, and the result file stands alone
+                figures.print_decode_summary(path)
+                for made in figures.write_decode_report(path):
+                    print(f"made {shown(made)}")
+            except ImportError as error:
+                print(
+                    f"no decode table or figure here ({error}): `python -m benchmarks report {shown(path)}` makes them"
+                )
         else:
             path = grpo.run_grpo(profile, args.quick, args.out, configuration_filter, part)
             grpo.print_summary(path)
+            lines = validation.phase_lines(schema.read_result(path, str(path)))
+            print("\nthe model beside each measured phase (on CUDA: the tensors torch held in it)", *lines, sep="\n")
         ended = time.monotonic()
         record = schema.Pace(
             calibration=calibration,

@@ -16,6 +16,14 @@ from benchmarks.results import schema
 from benchmarks.run import context
 
 
+def searched(name, settings, model_dir, logs, saves=None):
+    """One contender's search on this CPU by this interpreter, as ``run_context`` runs it."""
+    entry = context.new_entry(name, cuda=False)
+    save = (lambda: saves.append(len(entry.probes))) if saves is not None else (lambda: None)
+    context.run_contender(entry, sys.executable, settings, model_dir, load_hardware()["cpu"], False, logs, save)
+    return entry
+
+
 def counted(threshold):
     probed = []
 
@@ -204,9 +212,7 @@ def test_ratios_and_verdict_quote_the_claim_and_follow_the_numbers():
 
 def test_a_contender_that_needs_cuda_is_skipped_with_the_reason(tmp_path):
     settings = load("cpu").context
-    result = context.run_contender(
-        "trl-1.16-liger", sys.executable, settings, tmp_path, load_hardware()["cpu"], cuda=False, logs=tmp_path
-    )
+    result = searched("trl-1.16-liger", settings, tmp_path, tmp_path)
     assert result.status == "skipped" and "Triton" in result.reason and result.probes == []
 
 
@@ -241,8 +247,8 @@ def tiny_settings(budget_gib, **changes):
 
 def test_probes_run_real_steps_and_stop_at_the_ceiling(tiny, tmp_path):
     settings = tiny_settings(8.0, start_tokens=16, max_tokens=32)
-    result = context.run_contender("trl-1.16", sys.executable, settings, tiny, load_hardware()["cpu"], False, tmp_path)
-    assert result.status == "measured", result.get("reason")
+    result = searched("trl-1.16", settings, tiny, tmp_path)
+    assert result.status == "measured", result.reason
     assert [p.completion_tokens for p in result.probes] == [16, 32]
     assert all(p.fits and p.peak_bytes > 0 and p.step_s > 0 for p in result.probes)
     assert result.max_completion_tokens == 32 and result.at_ceiling
@@ -251,7 +257,7 @@ def test_probes_run_real_steps_and_stop_at_the_ceiling(tiny, tmp_path):
 
 def test_a_budget_below_the_runtime_fits_nothing_and_every_probe_says_where(tiny, tmp_path):
     settings = tiny_settings(0.15, start_tokens=32, max_tokens=64)
-    result = context.run_contender("trl-1.16", sys.executable, settings, tiny, load_hardware()["cpu"], False, tmp_path)
+    result = searched("trl-1.16", settings, tiny, tmp_path)
     assert result.max_completion_tokens is None and result.first_failing_tokens == 16
     assert [p.status for p in result.probes] == ["oom", "oom"]
     assert all(p.phase and "budget" in p.reason for p in result.probes)

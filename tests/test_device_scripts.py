@@ -1,14 +1,19 @@
 """The scripts for a lent GPU machine: valid shell, an interpreter for every contender the h200 profile
-searches, and a clear stop where their wheels were not prepared."""
+searches, a clear stop where their wheels were not prepared, a plan within 9 minutes, and each script's
+whole flow rehearsed on this CPU, so that a slip never costs GPU minutes."""
 
+import os
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from benchmarks import REPO
 from benchmarks.catalog.profiles import load
+from benchmarks.results import schema
 
 SCRIPTS = sorted((REPO / "benchmarks" / "device").glob("*.sh"))
 
@@ -32,3 +37,53 @@ def test_the_context_script_stops_naming_the_missing_preparation(tmp_path):
         ["bash", str(copy / "benchmarks" / "device" / "context-h200.sh")], capture_output=True, text=True
     )
     assert done.returncode == 2 and "no .context-site: run" in done.stdout and "--prepare" in done.stdout
+
+
+def test_the_h200_script_plans_its_parts_within_nine_minutes():
+    done = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "device" / "h200.sh"), "--plan"], capture_output=True, text=True
+    )
+    budgets = dict(re.findall(r"^(\S+)\s+(\d+) s$", done.stdout, re.M))
+    planned = int(re.search(r"^planned\s+(\d+) s of 540$", done.stdout, re.M).group(1))
+    assert done.returncode == 0 and set(budgets) == {"check", "grpo-3b", "grpo-32b", "decode", "grpo-70b"}
+    assert planned == sum(map(int, budgets.values())) <= 540
+
+
+def rehearse(script, tmp_path):
+    """A device script's flow on this CPU (--rehearse: the profiles' tiny shapes), its files under $OUT."""
+    env = {**os.environ, "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "device" / script), "--rehearse"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {path.name.split("-", 1)[1]: path for path in (tmp_path / "h200").iterdir()}, done.stdout
+
+
+def test_the_h200_script_rehearses_its_whole_flow_on_this_cpu(tmp_path):
+    pytest.importorskip("trl")
+    written, output = rehearse("h200.sh", tmp_path)
+    assert "check: done" in output and "grpo-70b: done" in output
+    check = next(path for name, path in written.items() if name == "check.txt").read_text()
+    assert "git:" in check and "device: skipped: no CUDA device" in check
+    runs = [schema.read_result(path, path.name) for path in sorted((tmp_path / "h200").glob("*.json"))]
+    assert [r.kind for r in runs] == ["grpo", "grpo", "decode", "grpo"] and all(r.complete and r.quick for r in runs)
+    statuses = [c.status for r in runs if r.kind == "grpo" for c in r.record.configurations]
+    assert statuses == ["ok", "ok", "skipped"]  # the 70B row's QLoRA needs CUDA, and says so
+    decode = next(r.record for r in runs if r.kind == "decode")
+    assert {p.engine for p in decode.sweep} == {"transformers-graphs"} and all(p.status == "ok" for p in decode.sweep)
+
+
+def test_the_context_script_rehearses_its_search_on_this_cpu(tmp_path):
+    pytest.importorskip("trl")
+    written, _ = rehearse("context-h200.sh", tmp_path)
+    [path] = [path for name, path in written.items() if name.endswith("context.json")]
+    run = schema.read_result(path, path.name).record
+    assert run.complete and run.quick and run.search.warmup_probe
+    by_name = {c.name: c for c in run.contenders}
+    assert list(by_name) == list(load("h200").context.contenders)
+    assert by_name["trl-1.16"].status == "measured" and by_name["trl-1.16"].warmup_s > 0
+    assert by_name["trl-1.16-liger"].status == "skipped" and "Triton" in by_name["trl-1.16-liger"].reason

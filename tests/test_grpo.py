@@ -39,7 +39,7 @@ def run(model_dirs, tmp_path, shape="tiny", prefix=(), steps=1, **levers):
         "prompt_words": 8,
     }
     record = run_configuration(job, budget_bytes=None, log_path=tmp_path / "worker.log", prefix=prefix)
-    assert record.status == "ok", record.get("reason") or record.get("log_tail")
+    assert record.status == "ok", record.reason or record.log_tail
     return record
 
 

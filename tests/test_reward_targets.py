@@ -32,7 +32,7 @@ def test_targets_compare_ours_with_the_seed_on_the_same_case_only():
     assert len(targets["schema_reward"].comparisons) == 1
     assert targets["execution"].lowest_ratio == pytest.approx(10) and targets["execution"].met is False
     assert targets["string_rewards"].lowest_ratio == pytest.approx(0.5) and targets["string_rewards"].met is False
-    assert block.schema_version == schema.SCHEMA_VERSION and block.profile["name"] == "cpu"  # 2: whole-run flag, no raw rounds
+    assert block.schema_version == schema.SCHEMA_VERSION and block.profile["name"] == "cpu"
 
 
 def test_no_slower_means_not_slower_beyond_the_rows_spread():

@@ -99,17 +99,21 @@ def test_a_measured_cell_names_its_file_and_goes_back_to_predicted_when_the_file
     assert "predicted" in row["H200-class (140.4 GiB)"] and "measured" not in row["H200-class (140.4 GiB)"]
 
 
-def test_a_run_that_ended_early_is_never_cited_as_a_measurement(tmp_path):
+def test_a_grpo_run_that_ended_early_is_cited_only_for_the_configurations_it_finished(tmp_path):
     results = tmp_path / "runs"
     path = grpo_file(results, "h200", "32b", started="2026-12-05T10:00:00+00:00")
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "complete": False, "ended_early": "signal SIGTERM at ..."}))
     built = tables.build(tables.headline(schema.load_results(results)))
     row = next(line for line in flat(built["sizing"]).splitlines() if line.startswith("| 32b "))
-    assert "measured" not in row and path.name not in row
+    assert "measured" in row and path.name in row  # its finished configuration
     written = tables.write_tables(results, tmp_path / "tables")
     sizing = next(p for p in written if p.name == "sizing.md").read_text()
+    assert f"cited for the configurations they finished, ended early: h200/{path.name}" in sizing
+    path.write_text(json.dumps({**data, "configurations": [], "complete": False, "ended_early": "signal SIGTERM"}))
+    sizing = next(p for p in tables.write_tables(results, tmp_path / "tables") if p.name == "sizing.md").read_text()
     assert "Last verified: never" in sizing and f"left out, ended early: h200/{path.name}" in sizing
+    path.write_text(json.dumps({**data, "complete": False, "ended_early": "signal SIGTERM at ..."}))
     grpo_file(results, "cpu", "0.5b")  # a whole one, to compare against
     with pytest.raises(
         ValueError, match=r"h200: neither a result file nor a hardware class with results \(classes: cpu\)"

@@ -47,7 +47,7 @@ if [ "$mode" = --prepare ]; then
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
     --platform any -d .wheels "trl==1.16.0" "datasets==5.2.0" "dill==0.4.1" "multiprocess==0.70.19" \
-    "bitsandbytes==0.50.2"
+    "bitsandbytes==0.50.2" "tabulate==0.9.0"
   python3 -c 'from benchmarks.run.machine import write_provenance; print("provenance:", write_provenance().short)'
   du -sh .wheels
   exit 0

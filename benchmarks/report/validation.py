@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.catalog.profiles import Hardware
+from benchmarks.catalog.profiles import Hardware, load_hardware, load_shapes
 from benchmarks.catalog.shapes import Shape
-from benchmarks.model.estimate import MODELLED_OPTIMIZERS, Estimate, Workload, estimate
-from benchmarks.results.schema import TORCH_RESERVED, Configuration, GrpoFile, Result
+from benchmarks.model.estimate import GIB, MODELLED_OPTIMIZERS, OUTSIDE_ALLOCATED, Estimate, Workload, estimate
+from benchmarks.results.schema import TORCH_ALLOCATED, Configuration, GrpoFile, Result
 
 TRAINING_PHASES = ("logprob", "forward_backward", "optimizer")
 PHASE_ORDER = ("setup", "rollout", "sleep_wake", "reward", "scoring", "logprob", "forward_backward", "optimizer")
@@ -46,9 +46,9 @@ def measured_phases(configuration: Configuration) -> dict[str, int]:
 
 
 def on_allocator(configuration: Configuration) -> bool:
-    """Whether its phases were measured by torch's allocator, which holds neither the CUDA context nor
-    memory outside torch (vLLM's): the model's ``runtime`` term is then left out of the comparison."""
-    return bool(configuration.summary and configuration.summary.phase_peak_measure == TORCH_RESERVED)
+    """Whether its phases were measured as the tensors torch's allocator held (CUDA): the model's terms
+    outside them (``estimate.OUTSIDE_ALLOCATED``) are then left out of the comparison."""
+    return bool(configuration.summary and configuration.summary.phase_peak_measure == TORCH_ALLOCATED)
 
 
 def predict_configuration(
@@ -83,7 +83,7 @@ def validate(results: list[Result], shapes: dict[str, Shape], hardware: dict[str
             predicted = predict_configuration(result.record, configuration, shapes, hardware)
             allocator = on_allocator(configuration)
             for phase, measured in measured_phases(configuration).items():
-                terms = {k: v for k, v in predicted.phases[phase].items() if not (allocator and k == "runtime")}
+                terms = {k: v for k, v in predicted.phases[phase].items() if not (allocator and k in OUTSIDE_ALLOCATED)}
                 checks.append(
                     Check(
                         file=result.path,
@@ -97,3 +97,12 @@ def validate(results: list[Result], shapes: dict[str, Shape], hardware: dict[str
                     )
                 )
     return checks
+
+
+def phase_lines(result: Result) -> list[str]:
+    """The model beside each measured phase of a GRPO result, a line each, as a run prints them."""
+    return [
+        f"  {check.configuration[:60]:60} {check.phase:9} measured {check.measured_bytes / GIB:7.2f} GiB, "
+        f"model {check.predicted_bytes / GIB:7.2f} GiB ({check.error:+.0%})"
+        for check in validate([result], load_shapes(), load_hardware())
+    ]

@@ -298,14 +298,16 @@ class Step:
 
     @property
     def phase_peaks(self) -> dict[str, int]:
-        """Per phase, that phase's own peak: on CUDA torch's allocator in the phase (its peak statistics
-        reset at every boundary; the device figures keep the pool's high-water mark), else ``peaks``."""
+        """Per phase, that phase's own peak: on CUDA the tensors torch's allocator held in the phase (its
+        peak statistics reset at every boundary; the device figures, and torch's reserved pool, keep the
+        pool's high-water mark from phase to phase), else ``peaks``."""
         if self.cuda_peak_bytes:
-            return {phase: peaks.reserved for phase, peaks in self.cuda_peak_bytes.items()}
+            return {phase: peaks.allocated for phase, peaks in self.cuda_peak_bytes.items()}
         return self.peaks
 
 
 HOST_RSS = "host RSS of the worker and its children"
+TORCH_ALLOCATED = "torch.cuda.max_memory_allocated in the phase (statistics reset at each phase boundary)"
 TORCH_RESERVED = "torch.cuda.max_memory_reserved in the phase (statistics reset at each phase boundary)"
 
 
@@ -339,7 +341,7 @@ class Summary:
     peak_rss_bytes: int
     peak_rss_bytes_by_phase: dict[str, int]
     peak_repeat_spread: float
-    # what ``peak_bytes_by_phase`` measures where it is not ``peak_measure`` (CUDA: TORCH_RESERVED), and
+    # what ``peak_bytes_by_phase`` measures where it is not ``peak_measure`` (CUDA: TORCH_ALLOCATED), and
     # there the device figure per phase beside it
     phase_peak_measure: str = ""
     peak_device_bytes_by_phase: dict[str, int] | None = None

@@ -196,7 +196,9 @@ def _boundary_guess(
     return longest + granule * min(1.0, (budget - below) / (above - below)) if above > below else float(longest)
 
 
-def budgeted_peak(shape: Shape, settings: ContextBench, levers: Levers, hardware: Hardware, path: str, length: int) -> int:
+def budgeted_peak(
+    shape: Shape, settings: ContextBench, levers: Levers, hardware: Hardware, path: str, length: int
+) -> int:
     """The model's peak at ``length`` in the budget's own measure: on CUDA what torch's allocator holds (the
     budget caps it; the CUDA context lies outside), on a CPU the whole process (the budget is its RSS)."""
     work = Workload.of(levers, settings.prompt_words, length)
@@ -245,8 +247,8 @@ def _probe_record(length: int, record: schema.WorkerRecord, predicted_peak: int,
     """One probe as the file holds it; its peaks in one measure: torch's allocator per phase where the worker
     ran on CUDA (a probe that ran out of memory: the phase it failed in), else the worker tree's RSS."""
     step = record.steps[-1] if record.steps else None
-    if record.device is not None:
-        peaks = step.phase_peaks if step else {}
+    if record.device is not None:  # the budget's measure: the pool the allocator's cap bounds
+        peaks = {phase: peak.reserved for phase, peak in step.cuda_peak_bytes.items()} if step else {}
         failed_in = record.unfinished_cuda_peak_bytes
         if not step and failed_in is not None:
             peaks = {record.phase or "setup": failed_in.reserved}
@@ -375,7 +377,12 @@ def run_contender(
     except ProbeFailed as error:
         entry.status, entry.reason = "error", str(error)
         return
-    entry.status, entry.reason, entry.max_completion_tokens, entry.first_failing_tokens = "measured", None, passed, failed
+    entry.status, entry.reason, entry.max_completion_tokens, entry.first_failing_tokens = (
+        "measured",
+        None,
+        passed,
+        failed,
+    )
     entry.at_ceiling = failed is None
     entry.predicted_max_completion_tokens = predicted_max(shape, settings, levers, hardware, entry.logits_path)
     entry.anchored_max_completion_tokens = anchored_max(

@@ -222,7 +222,9 @@ def _engine_rows(job: dict, ceiling: schema.BestKernel, spec_gb_s: float | None)
     env = {**os.environ, **VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": "4"}
     command = [sys.executable, "-m", "benchmarks.run.decode"]
     with tempfile.TemporaryFile("w+") as errors:
-        with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=env) as worker:
+        with subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=env
+        ) as worker:
             try:
                 worker.stdin.write(json.dumps(job))
                 worker.stdin.close()

@@ -205,7 +205,7 @@ def _summary(steps: list[schema.Step], peak_measure: str) -> schema.Summary | No
         peak_bytes=max(headline),
         peak_bytes_by_phase=by_phase(lambda s: s.phase_peaks),
         peak_measure=peak_measure,
-        phase_peak_measure=schema.TORCH_RESERVED if on_cuda else "",
+        phase_peak_measure=schema.TORCH_ALLOCATED if on_cuda else "",
         peak_device_bytes_by_phase=by_phase(lambda s: s.peaks) if on_cuda else None,
         peak_rss_bytes=max(max(s.peak_rss_bytes.values(), default=0) for s in measured),
         peak_rss_bytes_by_phase=by_phase(lambda s: s.peak_rss_bytes),

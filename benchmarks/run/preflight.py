@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks import REPO
+from benchmarks.run import machine
 
 PACKAGES = ("torch", "transformers", "peft", "accelerate", "trl", "datasets", "bitsandbytes", "pyarrow", "fsspec")
 
@@ -43,7 +44,8 @@ print(f"NF4 quantisation on the device works (bitsandbytes {__import__('bitsandb
 DEVICE = """
 import torch
 props = torch.cuda.get_device_properties(0)
-print(f"{props.name}, {props.total_memory / 2**30:.1f} GiB, capability {props.major}.{props.minor}, CUDA {torch.version.cuda}")
+memory = f"{props.total_memory / 2**30:.1f} GiB"
+print(f"{props.name}, {memory}, capability {props.major}.{props.minor}, CUDA {torch.version.cuda}")
 """
 
 
@@ -65,8 +67,6 @@ def child(script: str, env: dict[str, str] | None = None, timeout_s: float = 60)
 
 def findings() -> dict[str, str]:
     """Every check's finding, in order."""
-    from benchmarks.run import machine  # imports nothing heavy
-
     found = {
         "python": platform.python_version(),
         "kernel": f"{platform.release()} ({platform.version()[:80]})",

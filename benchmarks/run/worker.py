@@ -59,7 +59,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
-from benchmarks.run.models import word
+from benchmarks.run.models import build_on_device, word
 
 
 class Phases:
@@ -377,8 +377,6 @@ def load_policy(job: dict, cuda: bool) -> tuple[Any, Any]:
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
         )
     if job.get("weights") == "on-device":  # no weights on disk: random ones made on the device
-        from benchmarks.run.models import build_on_device
-
         device = torch.device("cuda", LOCAL_RANK) if cuda else torch.device("cpu")
         return build_on_device(model_dir, dtype, device, four_bit=levers["model"] == "qlora"), peft_config
     if cuda and levers["distributed_type"] not in ("zero3", "fsdp2"):  # those place (and shard) it themselves
@@ -604,7 +602,9 @@ def run(job: dict, channel: TextIO) -> None:
                 return
             if is_out_of_memory(error):
                 peaks = phases.peaks_so_far() if cuda else None
-                report(channel, event="oom", phase=phases.current or "setup", error=str(error)[:500], cuda_peak_bytes=peaks)
+                report(
+                    channel, event="oom", phase=phases.current or "setup", error=str(error)[:500], cuda_peak_bytes=peaks
+                )
                 return
             raise
     report(channel, event="done")
