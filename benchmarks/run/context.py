@@ -368,26 +368,28 @@ def run_contender(
     if settings.warmup_probe:  # imports, compiles and on-disk caches paid once, outside the timed probes
         record, entry.warmup_s = run_step(settings.granule, 2 * settings.probe_timeout_s)
         print(f"  {name} warm-up at {settings.granule} tokens: {record.status}, {entry.warmup_s:.0f} s", flush=True)
-    bounds = (settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule)
     try:
-        if settings.search == "doubling":
-            passed, failed = search(lambda length: probe(length)[0], *bounds)
-        else:
-            passed, failed = guided_search(probe, modelled, int(settings.budget_gib * GIB), *bounds)
+        passed, failed = bracket(settings, probe, modelled)
     except ProbeFailed as error:
         entry.status, entry.reason = "error", str(error)
         return
-    entry.status, entry.reason, entry.max_completion_tokens, entry.first_failing_tokens = (
-        "measured",
-        None,
-        passed,
-        failed,
-    )
+    entry.status, entry.reason = "measured", None
+    entry.max_completion_tokens, entry.first_failing_tokens = passed, failed
     entry.at_ceiling = failed is None
     entry.predicted_max_completion_tokens = predicted_max(shape, settings, levers, hardware, entry.logits_path)
     entry.anchored_max_completion_tokens = anchored_max(
         shape, settings, levers, hardware, entry.logits_path, entry.probes
     )
+
+
+def bracket(
+    settings: ContextBench, probe: Callable[[int], tuple[bool, int | None]], modelled: Callable[[int], int]
+) -> tuple:
+    """The settings' search over ``probe``: its (last fitting, first failing) lengths."""
+    bounds = (settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule)
+    if settings.search == "doubling":
+        return search(lambda length: probe(length)[0], *bounds)
+    return guided_search(probe, modelled, int(settings.budget_gib * GIB), *bounds)
 
 
 def _probe_line(probe: schema.Probe) -> str:
@@ -474,6 +476,30 @@ def verdict(contenders: list[schema.ContenderRun], table: dict[str, dict], cuda:
     )
 
 
+def search_record(settings: ContextBench, cuda: bool) -> schema.Search:
+    """The search's settings as its file states them: what is searched, and what the budget means here."""
+    if cuda:
+        enforced = (
+            f"torch's caching allocator capped at {settings.budget_gib:g} GiB (set_per_process_memory_fraction "
+            "over the total the device reports): the CUDA context lies outside the cap, so the model is compared "
+            "without its runtime term; a probe fits when its step ends without the allocator running out"
+        )
+    else:
+        enforced = "peak RSS of the worker and its children, sampled every 20 ms; a tree over it is stopped" + (
+            f"; glibc's mmap and trim thresholds fixed at {settings.malloc_mmap_threshold} bytes in each probe"
+            if settings.malloc_mmap_threshold
+            else "; glibc's own malloc thresholds"
+        )
+    recorded = {
+        **asdict(settings),
+        "allocator_conf": f"PYTORCH_ALLOC_CONF={CUDA_ALLOC_CONF} in every contender's probes" if cuda else "",
+        "searched": f"completion length, prompt fixed at {settings.prompt_words} tokens; {SEARCHED[settings.search]}",
+        "budget_enforced_by": enforced,
+        "completions_per_step": settings.levers.per_device_train_batch_size,
+    }
+    return schema.decode(schema.Search, recorded, "search")
+
+
 def run_context(
     profile: Profile, pythons: dict[str, str], out: Path, overrides: dict[str, Any] | None = None, quick: bool = False
 ) -> Path:
@@ -486,28 +512,9 @@ def run_context(
     hardware = load_hardware()[profile.hardware]
     model_dir = materialise(load_shapes()[settings.shape], settings.dtype)
     path = out / profile.hardware / f"{machine.stamp()}-context.json"
-    enforced = (
-        f"torch's caching allocator capped at {settings.budget_gib:g} GiB (set_per_process_memory_fraction over "
-        "the total the device reports): the CUDA context lies outside the cap, so the model is compared without "
-        "its runtime term; a probe fits when its step ends without the allocator running out"
-        if cuda
-        else "peak RSS of the worker and its children, sampled every 20 ms; a tree over it is stopped"
-        + (
-            f"; glibc's mmap and trim thresholds fixed at {settings.malloc_mmap_threshold} bytes in each probe"
-            if settings.malloc_mmap_threshold
-            else "; glibc's own malloc thresholds"
-        )
-    )
-    search_settings = {
-        **asdict(settings),
-        "allocator_conf": f"PYTORCH_ALLOC_CONF={CUDA_ALLOC_CONF} in every contender's probes" if cuda else "",
-        "searched": f"completion length, prompt fixed at {settings.prompt_words} tokens; {SEARCHED[settings.search]}",
-        "budget_enforced_by": enforced,
-        "completions_per_step": settings.levers.per_device_train_batch_size,
-    }
     result = schema.ContextFile(
         **machine.header("context", profile, quick),
-        search=schema.decode(schema.Search, search_settings, "search"),
+        search=search_record(settings, cuda),
         shape=machine.shape_record(settings.shape),
         earlier=earlier_search(out, profile.hardware, settings),
     )
