@@ -78,6 +78,18 @@ def test_on_cuda_each_phase_reads_its_own_peak_not_the_pool_s_high_water_mark(mo
     assert summary.peak_bytes == 21 * GIB  # the headline stays the device footprint
 
 
+def test_a_phase_that_runs_out_of_memory_keeps_its_phase_and_its_allocator_peak(monkeypatch):
+    memory = CachingAllocator(total=140 * GIB)
+    memory.install(monkeypatch)
+    phases = Phases(io.StringIO(), cuda=True)
+    memory.malloc(8 * GIB)
+    with pytest.raises(MemoryError), phases.phase("scoring"), phases.phase("logprob"):
+        memory.malloc(30 * GIB)
+        raise MemoryError("CUDA out of memory")
+    assert phases.failed == ("logprob", {"allocated": 38 * GIB, "reserved": 38 * GIB})
+    assert memory.peak_allocated == 38 * GIB and phases.current is None  # left, as the worker finds it
+
+
 def test_a_cuda_configuration_is_compared_with_the_model_s_allocated_terms(grpo_run):
     steps = [
         schema.Step(

@@ -74,6 +74,7 @@ class Phases:
             lambda: {"allocated": 0, "reserved": 0, "device_used_at_end": 0}
         )
         self.since = time.perf_counter()
+        self.failed: tuple[str, dict[str, int] | None] | None = None
 
     @property
     def current(self) -> str | None:
@@ -111,14 +112,22 @@ class Phases:
         self.enter(name)
         try:
             yield
+        except BaseException:
+            self.note_failure()
+            raise
         finally:
             self.leave()
 
-    def peaks_so_far(self) -> dict[str, int]:
-        """torch's allocator since the current phase began (a phase that ran out of memory)."""
-        import torch
+    def note_failure(self) -> None:
+        """The innermost phase an error left, and on CUDA torch's allocator in it, read before leaving the
+        phase resets the statistics (``failed``: phase, peaks)."""
+        if self.failed is None and self.current is not None:
+            peaks = None
+            if self.cuda:
+                import torch
 
-        return {"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}
+                peaks = {"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}
+            self.failed = (self.current, peaks)
 
     def take(self) -> tuple[dict[str, float], dict[str, dict[str, int]]]:
         """The totals since the last take, and reset them."""
@@ -601,10 +610,9 @@ def run(job: dict, channel: TextIO) -> None:
                 report(channel, event="oom", phase="engine_start", reason=reason, error=str(error)[:500])
                 return
             if is_out_of_memory(error):
-                peaks = phases.peaks_so_far() if cuda else None
-                report(
-                    channel, event="oom", phase=phases.current or "setup", error=str(error)[:500], cuda_peak_bytes=peaks
-                )
+                phases.note_failure()  # an optimizer step, entered without a context manager
+                phase, peaks = phases.failed or ("setup", None)
+                report(channel, event="oom", phase=phase, error=str(error)[:500], cuda_peak_bytes=peaks)
                 return
             raise
     report(channel, event="done")
