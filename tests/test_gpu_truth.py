@@ -2,18 +2,20 @@
 setting for every context contender, a failed CUDA probe's device figure, and a commit that is honest
 where the tree travelled without git."""
 
+import dataclasses
 import io
 import json
 import subprocess
 
 import pytest
 
-from benchmarks.catalog.profiles import load, load_hardware, load_shapes
+from benchmarks.catalog.profiles import Levers, load, load_hardware, load_shapes
 from benchmarks.model.estimate import GIB, OUTSIDE_ALLOCATED
 from benchmarks.report import validation
 from benchmarks.results import schema
-from benchmarks.run import context, machine
+from benchmarks.run import context, machine, worker
 from benchmarks.run.grpo import _summary
+from benchmarks.run.models import materialise
 from benchmarks.run.worker import Phases
 
 torch = pytest.importorskip("torch")
@@ -206,3 +208,28 @@ def test_without_git_the_commit_comes_from_the_provenance_or_is_unknown(monkeypa
     assert (unknown.id, unknown.dirty) == (None, None) and unknown.short == "unknown (dirty unknown)"
     header = machine.header("grpo", load("cpu"), False)  # no crash where the run starts
     assert json.loads(json.dumps(schema.encode(header["commit"])))["dirty"] is None
+
+
+def test_the_70b_row_s_on_device_qlora_policy_trains_a_real_grpo_step_here(tmp_path):
+    """The H200 script's QLoRA path (NF4 layers made where the worker runs, LoRA over them, TRL's trainer),
+    run on this CPU where bitsandbytes has 4-bit kernels too; the harness itself skips QLoRA off CUDA."""
+    pytest.importorskip("trl")
+    pytest.importorskip("bitsandbytes")
+    levers = Levers(model="qlora", gradient_checkpointing=True, per_device_train_batch_size=4, max_completion_length=8)
+    job = {
+        "levers": dataclasses.asdict(levers),
+        "model_dir": str(materialise(load_shapes()["tiny"], "float32", root=tmp_path, weights="on-device")),
+        "dtype": "float32",
+        "warmup_steps": 0,
+        "measured_steps": 1,
+        "prompt_words": 8,
+        "weights": "on-device",
+    }
+    assert not list(tmp_path.rglob("*.safetensors"))  # nothing but the config and tokenizer on disk
+    channel = io.StringIO()
+    trainer = worker.build_trainer(job, Phases(channel, cuda=False), False, str(tmp_path / "out"), None)
+    base = trainer.model.base_model.model.model.layers[-1].mlp.down_proj.base_layer
+    assert type(base).__name__ == "Linear4bit" and base.weight.dtype == torch.uint8
+    trainer.train()
+    steps = [json.loads(line) for line in channel.getvalue().splitlines() if '"event": "step"' in line]
+    assert len(steps) == 1 and {"rollout", "forward_backward", "optimizer"} <= set(steps[0]["phase_s"])
