@@ -1,5 +1,10 @@
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
+from benchmarks import REPO
 from benchmarks.results import schema
 from rewards.sandbox import default_sandbox
 
@@ -28,3 +33,23 @@ def sandbox():
     if reason:
         pytest.skip(f"default sandbox unavailable: {reason}")
     return default_sandbox()
+
+
+@pytest.fixture(scope="session")
+def committed_results(tmp_path_factory):
+    """``results/runs`` as committed: its tracked files only, so that a run just made here (``nox -s bench``
+    before ``nox -s tests`` on a fresh clone) changes nothing a test reads. Outside a git checkout every
+    file there is what was shipped."""
+    runs = REPO / "results" / "runs"
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--", "results/runs"], cwd=REPO, capture_output=True)
+    except OSError:
+        return runs
+    if listed.returncode != 0:
+        return runs
+    copy = tmp_path_factory.mktemp("committed") / "runs"
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        target = copy / Path(name).relative_to("results/runs")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target)
+    return copy

@@ -263,17 +263,17 @@ def test_a_budget_below_the_runtime_fits_nothing_and_every_probe_says_where(tiny
     assert all(p.phase and "budget" in p.reason for p in result.probes)
 
 
-def test_a_search_is_checked_against_the_newest_earlier_search_of_the_same_settings():
+def test_a_search_is_checked_against_the_newest_earlier_search_of_the_same_settings(committed_results):
     settings = load("cpu-full").context
-    earlier = context.earlier_search(RESULTS, "cpu", settings)
+    earlier = context.earlier_search(committed_results, "cpu", settings)
     assert earlier.file == "cpu/20261130T095535Z-context.json"
     assert {name: c["max_completion_tokens"] for name, c in earlier.contenders.items()} == {
         "trl-1.14.2": 160,
         "trl-1.16": 256,
         "unsloth-2026.10.9": 512,
     }
-    assert context.earlier_search(RESULTS, "cpu", dataclasses.replace(settings, budget_gib=6.0)) is None
-    assert context.earlier_search(RESULTS, "h200", settings) is None
+    assert context.earlier_search(committed_results, "cpu", dataclasses.replace(settings, budget_gib=6.0)) is None
+    assert context.earlier_search(committed_results, "h200", settings) is None
 
     def run(name, best, probes):
         probe = schema.Probe(

@@ -220,9 +220,8 @@ def test_tables_from_a_results_directory_that_is_missing_or_empty_fail_and_write
     assert [p.name for p in out.iterdir()] == ["sizing.md"] and (out / "sizing.md").read_text() == "committed\n"
 
 
-def test_the_committed_tables_are_what_the_committed_results_make(tmp_path):
-
-    written = tables.write_tables(REPO / "results" / "runs", tmp_path)
+def test_the_committed_tables_are_what_the_committed_results_make(committed_results, tmp_path):
+    written = tables.write_tables(committed_results, tmp_path)
     for path in written:
         committed = REPO / "results" / "tables" / path.name
         assert path.read_text() == committed.read_text(), f"{committed} differs: run `nox -s tables`"
@@ -401,8 +400,8 @@ def test_the_context_table_and_the_model_table_follow_a_context_file(tmp_path):
     assert "| cpu/x-context.json | trl-1.16 | 1 | " in flat("\n".join(tables._context_probe_errors(results)))
 
 
-def test_the_committed_many_ranks_run_shows_per_rank_model_states_falling_as_zero_says():
-    found = frames.ranks(schema.load_results(REPO / "results" / "runs"))
+def test_the_committed_many_ranks_run_shows_per_rank_model_states_falling_as_zero_says(committed_results):
+    found = frames.ranks(schema.load_results(committed_results))
     assert not found.empty, "no committed distributed result"
     newest = found[found.file == found.file.max()]
     totals = {(row.configuration, row.rank_number): row.states.total for row in newest.itertuples()}
@@ -414,10 +413,10 @@ def test_the_committed_many_ranks_run_shows_per_rank_model_states_falling_as_zer
     assert (zero3.held_parameter_fraction == 0.5).all() and (zero3.zero_stage == 3).all()
 
 
-def test_the_model_table_scores_every_run_its_constants_were_not_fitted_on_apart_as_held_out():
+def test_the_model_table_scores_every_run_its_constants_were_not_fitted_on_apart_as_held_out(committed_results):
     from benchmarks.report.validation import FITTED_FILES, validate
 
-    cited = tables.headline(schema.load_results(REPO / "results" / "runs"))
+    cited = tables.headline(schema.load_results(committed_results))
     found = frames.checks(validate(cited, load_shapes(), profiles.load_hardware()))
     held_out = found[found.held_out]
     grpo_files = {r.path for r in cited if r.kind in ("grpo", "distributed")}

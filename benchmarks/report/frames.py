@@ -137,7 +137,7 @@ def reward_rows(run: RewardsFile) -> pd.DataFrame:
 
 def checks(found: list[Check]) -> pd.DataFrame:
     """The analytic model against every measured configuration and phase."""
-    columns = ["file", "configuration", "phase", "predicted_bytes", "measured_bytes", "error", "held_out"]
+    columns = ["file", "configuration", "phase", "predicted_bytes", "measured_bytes", "error", "held_out", "measure"]
     return pd.DataFrame([{c: getattr(check, c) for c in columns} for check in found], columns=columns)
 
 

@@ -451,7 +451,10 @@ def model_table(results: list[Result]) -> tuple[str, dict[str, float]]:
             f"Median absolute error of the training-phase peak, {name} configurations: {median:.1%} over "
             f"{len(training)} (worst {worst:.0%}; target: median at most 10%, none past 25%: {verdict})."
         )
+    measures = "; ".join(dict.fromkeys(found.measure))
     lines += [
+        "",
+        f"Measured per phase as: {measures}.",
         "",
         f"Fitted: {', '.join(FITTED_FILES)}, the cpu profiles' runs on the 0.5B class (the CPU runtime, 0.8 GiB, "
         "is the one-device runs' setup-phase RSS; a DeepSpeed rank on a CPU peaks about its whole gradient above "

@@ -26,6 +26,7 @@ class Check:
     measured_bytes: int
     terms: dict[str, int]
     held_out: bool  # a configuration no constant of the model was fitted on
+    measure: str = ""  # what the phase's figure measures (the summary's), and so which terms it is held to
 
     @property
     def error(self) -> float:
@@ -82,6 +83,8 @@ def validate(results: list[Result], shapes: dict[str, Shape], hardware: dict[str
                 continue
             predicted = predict_configuration(result.record, configuration, shapes, hardware)
             allocator = on_allocator(configuration)
+            summary = configuration.summary
+            measure = f"{TORCH_ALLOCATED}, against every term but {', '.join(OUTSIDE_ALLOCATED)}" if allocator else ""
             for phase, measured in measured_phases(configuration).items():
                 terms = {k: v for k, v in predicted.phases[phase].items() if not (allocator and k in OUTSIDE_ALLOCATED)}
                 checks.append(
@@ -94,6 +97,7 @@ def validate(results: list[Result], shapes: dict[str, Shape], hardware: dict[str
                         measured_bytes=measured,
                         terms=terms,
                         held_out=result.path not in FITTED_FILES,
+                        measure=measure or summary.peak_measure,
                     )
                 )
     return checks
