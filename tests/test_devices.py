@@ -218,6 +218,16 @@ def test_on_cuda_the_headline_peak_is_the_device_memory_of_the_worker_s_processe
     assert json.loads((tmp_path / "seen.json").read_text())["cuda_visible_devices"] == "GPU-00000000-fake"
 
 
+def test_on_cuda_the_budget_caps_the_worker_s_allocator_and_never_stops_it_by_host_rss(tmp_path, stand_in, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml = FakeNVML(gpu("NVIDIA H200", 140.4))
+    tiny_budget = 1 << 20  # far under any worker's RSS: on a CPU it would be stopped as oom at once
+    record = grpo.run_configuration(job(tmp_path), tiny_budget, tmp_path / "w.log", python=stand_in, nvml=nvml)
+    assert record.status == "ok", record
+    on_cpu = grpo.run_configuration(job(tmp_path), tiny_budget, tmp_path / "w2.log", python=stand_in, nvml=FakeNVML())
+    assert on_cpu.status == "oom" and "budget" in on_cpu.reason
+
+
 def test_a_worker_that_did_not_run_on_the_gpu_is_headlined_by_host_rss(tmp_path, stand_in, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     nvml = FakeNVML(gpu("NVIDIA H200", 140.4, processes={1: 50 * GIB}))

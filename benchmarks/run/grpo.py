@@ -346,7 +346,8 @@ def run_configuration(
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        sampler = MemorySampler(launcher.pid, budget_bytes, device)
+        # the budget bounds the host's RSS on a CPU; on CUDA each rank caps its allocator at it instead
+        sampler = MemorySampler(launcher.pid, None if used else budget_bytes, device)
         sampler.start()
         started = time.monotonic()
         timed_out = threading.Event()
