@@ -325,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGINT
 
 
-def dispatch(argv: list[str] | None = None) -> int:
+def command_line() -> argparse.ArgumentParser:
+    """Every subcommand and its options."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser("bench", help="run a profile and write result files")
@@ -387,6 +388,11 @@ def dispatch(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "provenance", help=f"record this checkout's commit in {machine.PROVENANCE.name}, for a tree that travels"
     )
+    return parser
+
+
+def dispatch(argv: list[str] | None = None) -> int:
+    parser = command_line()
     args = parser.parse_args(argv)
     if args.command == "provenance":
         print(f"{machine.PROVENANCE.name}: {machine.write_provenance().short}")
@@ -410,6 +416,34 @@ def dispatch(argv: list[str] | None = None) -> int:
                 failed += 1
         return 1 if failed else 0
 
+    return run_bench(parser, args)
+
+
+def run_part(
+    part: str, profile: profiles.Profile, quick: bool, out: Path, configuration_filter: list[str] | None
+) -> Path:
+    """One part of a profile, its summary printed; returns its result file."""
+    if part == "rewards":
+        path = run_rewards(profile, quick, out)
+        print_rewards_summary(path)
+    elif part == "decode":
+        path = decode.run_decode(profile, quick, out)
+        try:  # tabulate and matplotlib: a GPU box may lack them, and the result file stands alone
+            figures.print_decode_summary(path)
+            for made in figures.write_decode_report(path):
+                print(f"made {shown(made)}")
+        except ImportError as error:
+            print(f"no decode table or figure here ({error}): `python -m benchmarks report {shown(path)}` makes them")
+    else:
+        path = grpo.run_grpo(profile, quick, out, configuration_filter, part)
+        grpo.print_summary(path)
+        lines = validation.phase_lines(schema.read_result(path, str(path)))
+        print("\nthe model beside each measured phase (on CUDA: the tensors torch held in it)", *lines, sep="\n")
+    return path
+
+
+def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The profile's parts (or those ``--only`` names), each writing its result file, then the run's pace."""
     print_environment()
     try:
         profile = chosen_profile(args.profile, args.hardware, args.quick)
@@ -443,24 +477,7 @@ def dispatch(argv: list[str] | None = None) -> int:
     for number, (part, estimated) in enumerate(zip(parts, estimates, strict=True), 1):
         print(f"\n== {part} == ({pace.clock(time.monotonic() - started)} elapsed)", flush=True)
         part_started = time.monotonic()
-        if part == "rewards":
-            path = run_rewards(profile, args.quick, args.out)
-            print_rewards_summary(path)
-        elif part == "decode":
-            path = decode.run_decode(profile, args.quick, args.out)
-            try:  # tabulate and matplotlib: a GPU box may lack them, and the result file stands alone
-                figures.print_decode_summary(path)
-                for made in figures.write_decode_report(path):
-                    print(f"made {shown(made)}")
-            except ImportError as error:
-                print(
-                    f"no decode table or figure here ({error}): `python -m benchmarks report {shown(path)}` makes them"
-                )
-        else:
-            path = grpo.run_grpo(profile, args.quick, args.out, configuration_filter, part)
-            grpo.print_summary(path)
-            lines = validation.phase_lines(schema.read_result(path, str(path)))
-            print("\nthe model beside each measured phase (on CUDA: the tensors torch held in it)", *lines, sep="\n")
+        path = run_part(part, profile, args.quick, args.out, configuration_filter)
         ended = time.monotonic()
         record = schema.Pace(
             calibration=calibration,
