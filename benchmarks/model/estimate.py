@@ -124,17 +124,15 @@ class Estimate:
         if note:
             self.notes[term] = note
 
-    def total(self, phase: str) -> int:
-        return sum(self.phases.get(phase, {}).values())
-
-    def allocator_total(self, phase: str) -> int:
-        """What torch's caching allocator holds in ``phase`` on CUDA: every term but ``runtime`` (the CUDA
-        context lives outside it, and so outside ``set_per_process_memory_fraction``'s cap)."""
-        return self.total(phase) - self.phases.get(phase, {}).get("runtime", 0)
+    def total(self, phase: str, without: tuple[str, ...] = ()) -> int:
+        """The phase's terms summed, but those named in ``without``."""
+        return sum(value for term, value in self.phases.get(phase, {}).items() if term not in without)
 
     @property
     def allocator_peak(self) -> int:
-        return max((self.allocator_total(phase) for phase in self.phases), default=0)
+        """What torch's caching allocator holds at the peak on CUDA: every term but ``runtime`` (the CUDA
+        context lives outside it, and so outside ``set_per_process_memory_fraction``'s cap)."""
+        return max((self.total(phase, without=("runtime",)) for phase in self.phases), default=0)
 
     @property
     def peak(self) -> int:

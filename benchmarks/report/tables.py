@@ -589,7 +589,8 @@ def last_verified(results: list[Result]) -> str:
 
 def _counted(cited: list[Result], results: list[Result]) -> str:
     text = f"{len(cited)} of {len(results)} result files"
-    incomplete = [r.path for r in results if not r.complete and r not in cited]
+    cited_ids = {id(r) for r in cited}
+    incomplete = [r.path for r in results if not r.complete and id(r) not in cited_ids]
     partial = [r.path for r in cited if not r.complete]
     others = len(results) - len(cited) - len(incomplete)
     if others:

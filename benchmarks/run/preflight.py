@@ -67,13 +67,14 @@ def child(script: str, env: dict[str, str] | None = None, timeout_s: float = 60)
 
 def findings() -> dict[str, str]:
     """Every check's finding, in order."""
+    commit = machine.commit()
     found = {
         "python": platform.python_version(),
         "kernel": f"{platform.release()} ({platform.version()[:80]})",
         "cores": str(os.cpu_count()),
         "git": shutil.which("git") or "not installed",
         "checkout": "has .git" if (REPO / ".git").exists() else "no .git (a copied tree)",
-        "commit": f"{machine.commit().short} ({machine.commit().source})",
+        "commit": f"{commit.short} ({commit.source})",
     }
     for package in PACKAGES:
         try:
