@@ -35,7 +35,7 @@ from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.model import estimate
 from benchmarks.report import compare, figures, tables, validation
 from benchmarks.results import schema
-from benchmarks.run import context, decode, devices, grpo, machine, pace
+from benchmarks.run import context, decode, devices, grpo, machine, pace, worker
 
 RESULTS = REPO / "results" / "runs"
 
@@ -442,6 +442,17 @@ def run_part(
     return path
 
 
+def fix_malloc_thresholds(profile: profiles.Profile) -> None:
+    """CPU: glibc's thresholds fixed in this process (mallopt) and in every process it starts (glibc reads
+    ``MALLOC_*_THRESHOLD_`` at start), as the profile asks."""
+    threshold = profile.malloc_mmap_threshold
+    if profile.hardware != "cpu" or not threshold:
+        return
+    worker.fix_malloc_thresholds(threshold)
+    os.environ.update(MALLOC_MMAP_THRESHOLD_=str(threshold), MALLOC_TRIM_THRESHOLD_=str(threshold))
+    print(f"glibc's mmap and trim thresholds fixed at {threshold} bytes in every process of this run")
+
+
 def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """The profile's parts (or those ``--only`` names), each writing its result file, then the run's pace."""
     print_environment()
@@ -465,6 +476,7 @@ def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "and no GRPO configuration"
         )
     print(f"profile {profile.name}{' (quick)' if args.quick else ''}: {profile.question}")
+    fix_malloc_thresholds(profile)
     started = time.monotonic()
     calibration = pace.calibrate()
     print(

@@ -38,6 +38,7 @@ def test_the_default_cpu_profile_varies_one_lever_at_a_time_and_sets_its_time_li
         {"model"},
         {"model", "beta"},
         {"beta"},
+        {"reward"},
         {"use_vllm", "vllm_mode"},
         {"use_vllm", "vllm_enable_sleep_mode"},
     ]
@@ -184,7 +185,9 @@ def test_lever_names_are_trl_grpo_config_fields():
         "offload_param_device",
     }
     server = {"vllm_server_tensor_parallel_size", "vllm_server_data_parallel_size"}  # `trl vllm-serve`'s, prefixed
-    assert {f.name for f in dataclasses.fields(profiles.Levers)} - loading - launching - server <= config_fields
+    trainer = {"reward"}  # GRPOTrainer's reward_funcs, not a GRPOConfig field
+    levers = {f.name for f in dataclasses.fields(profiles.Levers)}
+    assert levers - loading - launching - server - trainer <= config_fields
     # accelerate's own names: its config file's and its DeepSpeed plugin's fields
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.utils import DeepSpeedPlugin

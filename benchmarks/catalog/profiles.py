@@ -52,6 +52,12 @@ class Hardware:
     bandwidth_source: str | None = None
     sustained_bandwidth_gb_s: tuple[float, ...] | None = None  # (low, high) where a budget is known
     sustained_source: str | None = None
+    # The time model's peaks (benchmarks.model.timing.assumed_rates), each with its source
+    peak_bf16_tflops: float | None = None  # dense, FP32 accumulate
+    flops_source: str | None = None
+    host_link_gb_s: float | None = None  # device <-> host, one direction
+    gpu_link_gb_s: float | None = None  # GPU <-> GPU in one machine, one direction (None: through the host link)
+    link_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,9 @@ class Levers:
     # Server mode: `trl vllm-serve --tensor_parallel_size T --data_parallel_size D` on T x D GPUs of its own
     vllm_server_tensor_parallel_size: int = 1
     vllm_server_data_parallel_size: int = 1
+    # The reward the step runs (TRL's reward_funcs): synthetic (a cheap hash with spread), format-exact (the
+    # seed's format gate and exact match), schema (JSON Schema validation), execution (sandboxed unit tests)
+    reward: str = "synthetic"
 
     @classmethod
     def recorded(cls, table: dict[str, Any]) -> Levers:
@@ -184,6 +193,9 @@ class Profile:
     distributed: GrpoBench | None = None  # GRPO steps on many ranks: the same bench, its levers spread over ranks
     context: ContextBench | None = None
     time_limit_min: float | None = None  # the whole profile's time target, recorded in its last part's file
+    # CPU: glibc's mmap and trim thresholds fixed at this many bytes in every part's processes (0: glibc's own,
+    # which keeps freed tensors in its heap), so that RSS follows live tensors and runs compare on equal terms
+    malloc_mmap_threshold: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -198,6 +210,7 @@ WEIGHTS = ("saved", "on-device")  # benchmarks.run.models.materialise
 # transformers generate eager; with a static KV cache and CUDA graphs; vLLM
 DECODE_ENGINES = ("transformers", "transformers-graphs", "vllm")
 MODELS = ("full", "lora", "qlora")
+STEP_REWARDS = ("synthetic", "format-exact", "schema", "execution")  # worker.step_rewards
 VLLM_MODES = ("colocate", "server")
 DISTRIBUTED_TYPES = ("no", "ddp", "zero1", "zero2", "zero3", "fsdp2")
 OFFLOAD_DEVICES = ("none", "cpu")
@@ -235,6 +248,7 @@ LEVER_VALUES: dict[str, tuple[Any, str]] = {
     "vllm_tensor_parallel_size": (lambda v: v > 0, "positive"),
     "vllm_server_tensor_parallel_size": (lambda v: v > 0, "positive"),
     "vllm_server_data_parallel_size": (lambda v: v > 0, "positive"),
+    "reward": (STEP_REWARDS, "one of " + ", ".join(STEP_REWARDS)),
 }
 
 
@@ -402,6 +416,8 @@ def _check(profile: Profile, file: str) -> None:
     """Values a type alone does not rule out, and names that must exist in the catalogs."""
     if profile.hardware not in load_hardware():
         raise ProfileError(f"{file}: hardware: {profile.hardware!r} is not in profiles/hardware.toml")
+    if profile.malloc_mmap_threshold < 0:
+        raise ProfileError(f"{file}: malloc_mmap_threshold: must be at least 0")
     for part in GRPO_PARTS:
         if getattr(profile, part) is not None:
             _check_grpo(getattr(profile, part), file, part)

@@ -162,6 +162,9 @@ class ProfileRecord:
     grpo: GrpoSettings | None = None
     distributed: GrpoSettings | None = None
     decode: DecodeSettings | None = None
+    # CPU: glibc's mmap and trim thresholds fixed at this in every part's processes (0: glibc's own, which
+    # keeps freed blocks in its heap; every run before the setting was recorded)
+    malloc_mmap_threshold: int = 0
 
 
 @dataclass(kw_only=True)
@@ -212,6 +215,7 @@ class Calibration:
     python_s: float  # a fixed pure-Python workload (regular expressions, JSON), one thread
     spawn_s: float  # starting an isolated interpreter, the median of several
     torch_s: float  # a fixed fp32 forward and backward through MLP blocks, every core
+    bandwidth_gb_s: float | None = None  # the bandwidth probe's ceiling on 256 MiB arrays (None: not yet recorded)
 
 
 @dataclass(kw_only=True)

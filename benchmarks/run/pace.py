@@ -24,6 +24,7 @@ from pathlib import Path
 
 from benchmarks.catalog.profiles import GRPO_PARTS, Profile, configurations
 from benchmarks.results import schema
+from benchmarks.run.probe import ceiling, probe
 
 # Which calibration figures a part's time follows (the geometric mean of their ratios).
 FOLLOWS = {
@@ -67,14 +68,17 @@ def _timed(work: Callable[[], None], repeats: int = 3) -> float:
 
 
 def calibrate() -> schema.Calibration:
-    """About two seconds of fixed work on this machine."""
+    """About three seconds of fixed work on this machine, and its memory bandwidth (the time model's rates)."""
 
     def spawn() -> None:
         subprocess.run([sys.executable, "-I", "-c", "pass"], check=True)
 
     spawns = [_timed(spawn, 1) for _ in range(5)]
     return schema.Calibration(
-        python_s=_timed(_python_work), spawn_s=statistics.median(spawns), torch_s=_timed(_torch_work)
+        python_s=_timed(_python_work),
+        spawn_s=statistics.median(spawns),
+        torch_s=_timed(_torch_work),
+        bandwidth_gb_s=ceiling(probe("cpu", array_bytes=256 << 20, repeats=3))["median_gb_s"],
     )
 
 

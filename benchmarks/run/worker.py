@@ -59,7 +59,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
+from benchmarks.rewardbench.reward_inputs import ADD_TESTS, ANSWER_SCHEMA, GOLD
 from benchmarks.run.models import build_on_device, word
+from rewards import TestExecutionReward, correctness_reward, format_reward, schema_reward
+from rewards.sandbox import default_sandbox
 
 
 class Phases:
@@ -252,6 +255,25 @@ def varied_reward(completions: list, **kwargs: Any) -> list[float]:
     return [(sum(map(ord, text)) % 97) / 97 for text in texts]
 
 
+def answer_schema_reward(completions: list, **kwargs: Any) -> list[float | None]:
+    """schema_reward against one schema for the whole batch, as the rewards part measures it."""
+    return schema_reward(completions, output_schema=ANSWER_SCHEMA)
+
+
+def step_rewards(reward: str, rows: int) -> tuple[list, dict[str, list]]:
+    """The reward functions a step runs for the ``reward`` lever, and the dataset columns (``rows`` each)
+    they read: the rewards part's own inputs (a gold answer, a schema, tests of ``add``)."""
+    if reward == "synthetic":
+        return [varied_reward], {}
+    if reward == "format-exact":  # the seed's pair: format gate, then exact match
+        return [format_reward, correctness_reward], {"answer": [GOLD] * rows}
+    if reward == "schema":
+        return [answer_schema_reward], {}
+    if reward == "execution":  # one bubblewrap sandbox per completion, as many at once as cores
+        return [TestExecutionReward(timeout_s=10.0)], {"test_code": [ADD_TESTS] * rows}
+    raise ValueError(f"reward {reward!r}: no such step reward")
+
+
 SERVER_NEEDS_CUDA = "TRL syncs weights to a vLLM server only over CUDA (trl/generation/vllm_client.py)"
 
 
@@ -269,6 +291,8 @@ def skip_reason(job: dict, cuda: bool) -> str | None:
             return f"vLLM is not installed in this environment ({error})"
         if levers["vllm_mode"] == "server" and not cuda:
             return SERVER_NEEDS_CUDA
+    if levers["reward"] == "execution" and (refusal := default_sandbox().unavailable_reason()):
+        return f"the execution reward runs nothing without a sandbox here: {refusal}"
     if levers["optim"].endswith("8bit"):
         try:
             import bitsandbytes  # noqa: F401
@@ -413,7 +437,8 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
     ranks = levers["num_processes"] * levers["num_machines"]
     prompts_needed = per_step * ranks * (job["warmup_steps"] + job["measured_steps"])  # more than enough
     prompt = " ".join(word(3 + i % 97) for i in range(job["prompt_words"]))
-    dataset = Dataset.from_dict({"prompt": [prompt] * prompts_needed})
+    reward_funcs, columns = step_rewards(levers["reward"], prompts_needed)
+    dataset = Dataset.from_dict({"prompt": [prompt] * prompts_needed, **columns})
     config = GRPOConfig(
         output_dir=output_dir,
         max_steps=job["warmup_steps"] + job["measured_steps"],
@@ -519,7 +544,7 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
     channel = phases.channel
     trainer = MeasuredGRPOTrainer(
         model=model,
-        reward_funcs=varied_reward,
+        reward_funcs=reward_funcs,
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
