@@ -30,10 +30,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks import REPO
-from benchmarks.catalog import profiles
+from benchmarks.catalog import profiles, shapes
 from benchmarks.catalog.contenders import CONTENDERS
-from benchmarks.model import estimate
-from benchmarks.report import compare, figures, tables, validation
+from benchmarks.model import estimate, timing
+from benchmarks.report import compare, figures, tables, time_validation, validation
 from benchmarks.results import schema
 from benchmarks.run import context, decode, devices, grpo, machine, pace, worker
 
@@ -167,12 +167,14 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         parser.error(f"--hardware {args.hardware!r}: not in profiles/hardware.toml ({', '.join(catalog)})")
     if args.prompt_tokens <= 0:
         parser.error(f"--prompt-tokens must be positive, got {args.prompt_tokens}")
+    if args.price_per_gpu_hour is not None and args.price_per_gpu_hour < 0:
+        parser.error(f"--price-per-gpu-hour must be at least 0, got {args.price_per_gpu_hour}")
     shape, hardware = shapes[args.shape], catalog[args.hardware]
     capacity = hardware.memory_gib * estimate.GIB
 
     def predict(levers: profiles.Levers) -> estimate.Estimate:
         work = estimate.Workload.of(levers, args.prompt_tokens)
-        return estimate.estimate(shape, args.dtype, levers, work, hardware, args.logits)
+        return estimate.estimate(shape, args.dtype, levers, work, hardware, args.logits, malloc_fixed=True)
 
     def smallest(levers: profiles.Levers, counts: tuple[int, ...]) -> profiles.Levers | None:
         """``levers`` on the first of ``counts`` GPUs that fits, or None."""
@@ -220,6 +222,7 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         share = need.total / capacity
         hold = f"; vllm_gpu_memory_utilization >= {share:.2f} would hold it" if share <= 1 else ""
         print(f"{est.engine_cannot_start}{hold}")
+    print_step_time(args, shape, levers, hardware)
     if not fits:
         for label, change in tables.ladder(hardware):  # the lightest lever set, over these levers, on as many GPUs
             lighter = replace(levers, **change)
@@ -239,11 +242,49 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     return 0
 
 
+def step_rates(args: argparse.Namespace, levers: profiles.Levers, hardware: profiles.Hardware) -> timing.Rates:
+    """This machine's rates (its calibration, the committed fit) for the cpu class, else the class's assumed ones;
+    the reward's seconds a completion from the newest rewards part."""
+    results = schema.load_results(RESULTS)
+    reward_s = time_validation.reward_seconds(results, levers.reward, None)
+    if hardware.size_class != "cpu":
+        return timing.assumed_rates(hardware, reward_s=reward_s)
+    print("\ncalibrating this machine for the time model ...", flush=True)
+    calibration = pace.calibrate()
+    coefficients = time_validation.fitted_coefficients(results)
+    return time_validation.machine_rates(coefficients, calibration, levers.num_processes, reward_s)
+
+
+def print_step_time(
+    args: argparse.Namespace, shape: shapes.Shape, levers: profiles.Levers, hardware: profiles.Hardware
+) -> None:
+    """Seconds per phase and per step, throughput and GPU-hours, from the time model (and a cost, if priced)."""
+    try:
+        rates = step_rates(args, levers, hardware)
+    except ValueError as error:
+        print(f"\nno time estimate: {error}")
+        return
+    work = estimate.Workload.of(levers, args.prompt_tokens)
+    predicted = timing.step_time(shape, args.dtype, levers, work, rates)
+    print(f"\ntime per step, per GPU (predicted; {rates.source}):")
+    for phase, seconds in predicted.phases.items():
+        print(f"  {phase:24} {seconds:9.2f} s")
+    gpus = predicted.gpus
+    print(f"  {'step':24} {predicted.step_s:9.2f} s; the rollout {predicted.rollout_share:.0%} of it")
+    hours = predicted.gpu_hours(1000)
+    line = f"{predicted.tokens_per_s_per_gpu:,.0f} completion tokens/s per GPU; {hours:,.1f} GPU-hours per 1,000 steps"
+    if args.price_per_gpu_hour is not None:
+        line += f" on {gpus} GPU(s): {hours * args.price_per_gpu_hour:,.2f} at {args.price_per_gpu_hour:g} a GPU-hour"
+    print(line)
+    print(time_validation.error_line(hardware.size_class))
+
+
 def run_tables(args: argparse.Namespace) -> int:
     try:
         written = tables.write_tables(args.results, args.out, args.all)
-        cited = tables.headline(schema.load_results(args.results), args.all)
-        built = tables.build(cited)
+        results = schema.load_results(args.results)
+        cited = tables.headline(results, args.all)
+        built = tables.build(cited, results)
         for doc in args.doc:
             replaced = tables.rewrite_document(doc, built, tables.last_verified(cited))
             print(f"rewrote {doc}: {', '.join(replaced) or 'no table markers'}; Last verified lines set")
@@ -374,6 +415,11 @@ def command_line() -> argparse.ArgumentParser:
         help=f"the smallest GPU count of {estimate.GPU_COUNTS} that fits these levers",
     )
     guess.add_argument("--logits", default="trl-tiled", choices=estimate.LOGITS_PATHS, help="the loss's logits path")
+    guess.add_argument(
+        "--price-per-gpu-hour",
+        type=float,
+        help="a GPU-hour's price: the cost of 1,000 steps is printed beside their hours",
+    )
     tabulate = commands.add_parser("tables", help="regenerate results/tables/*.md from every result file")
     tabulate.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
     tabulate.add_argument("--out", type=Path, default=REPO / "results" / "tables", help="default: results/tables")

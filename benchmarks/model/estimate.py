@@ -57,9 +57,9 @@ LIGER_CHUNK_COMPLETIONS = 1
 # a test).
 CHECKPOINTED_RECOMPUTE_LAYERS = 1.2
 # Runtime: the interpreter, torch and the trainer's libraries (CPU: the setup-phase peak RSS of the cpu
-# profile's workers seen here, 0.79 GiB, with the weights still mapped lazily); on CUDA the context and
-# the allocator's slack.
-RUNTIME_BYTES = {"cpu": int(0.8 * GIB), "cuda": int(1.0 * GIB)}
+# profile's workers, with the weights still mapped lazily, under glibc's own malloc thresholds and under
+# fixed ones: validation.FITTED_FILES); on CUDA the context and the allocator's slack.
+RUNTIME_BYTES = {"cpu": int(0.8 * GIB), "cpu-fixed": int(0.72 * GIB), "cuda": int(1.0 * GIB)}
 # The terms that are no tensor torch's allocator holds on CUDA: the context, what it keeps cached after a
 # free, and vLLM's engine (allocated outside it). A phase measured as allocated tensors is compared without.
 OUTSIDE_ALLOCATED = ("runtime", "freed_gradients", "vllm")
@@ -256,8 +256,10 @@ def estimate(
     work: Workload,
     hardware: Hardware,
     logits_path: str = "trl-tiled",
+    malloc_fixed: bool = False,
 ) -> Estimate:
-    """Predicted bytes per term for one GRPO step of ``shape`` under ``levers`` on ``hardware``."""
+    """Predicted bytes per term for one GRPO step of ``shape`` under ``levers`` on ``hardware``; on a CPU,
+    ``malloc_fixed``: glibc's thresholds fixed (the suite's runs since), so that freed tensors leave the heap."""
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype {dtype!r}: one of {', '.join(DTYPE_BYTES)}")
     if levers.optim not in MODELLED_OPTIMIZERS:
@@ -277,7 +279,7 @@ def estimate(
         weights, weights_note = params * b, f"{params / 1e9:.2f}B params x {b} B"
     trainable = lora_params(shape, levers.lora_r) if peft else params
     trainable_bytes = 4 if peft else b  # PEFT keeps adapters in fp32 over a 16-bit base
-    runtime = RUNTIME_BYTES["cuda" if cuda else "cpu"]
+    runtime = RUNTIME_BYTES["cuda" if cuda else "cpu-fixed" if malloc_fixed else "cpu"]
 
     for phase in ("rollout", "training"):
         est.add(phase, "runtime", runtime, "interpreter and libraries (CPU) or CUDA context and slack")
@@ -293,7 +295,10 @@ def estimate(
     # The optimizer state lives across steps, rollout included; the gradients' memory, freed after
     # each step (zero_grad(set_to_none=True)), stays with the allocator (glibc's heap on CPU, the
     # caching allocator on CUDA), so the next rollout holds it too.
-    est.add("rollout", "freed_gradients", trainable * trainable_bytes, "freed after the step, kept by the allocator")
+    if cuda or not malloc_fixed:
+        est.add(
+            "rollout", "freed_gradients", trainable * trainable_bytes, "freed after the step, kept by the allocator"
+        )
     if levers.optim.endswith("8bit"):
         # bitsandbytes: two uint8 states; transformers keeps nn.Embedding's states 32-bit.
         embedding_trainable = 0 if peft else embedding
@@ -313,7 +318,6 @@ def estimate(
         temporaries = 0 if cuda else 3 * min(largest, trainable) * 4  # CUDA: bitsandbytes' fused kernels
     else:
         temporaries = 2 * (trainable if cuda else min(largest, trainable)) * trainable_bytes
-    est.add("training", "optimizer_update", temporaries, "AdamW's denominator temporaries")
 
     layer = layer_activation_bytes(shape, b, peft, autocast=cuda and b < 4, lora_r=levers.lora_r)
     if levers.gradient_checkpointing and logits_path in OFFLOADS_CHECKPOINTS and cuda:
@@ -326,6 +330,18 @@ def estimate(
         kept, note = shape.num_hidden_layers * layer, "every layer's activations kept for backward"
     est.add("training", "activations", kept * work.positions, note)
     est.add("training", "logits", logits_bytes(logits_path, shape, work, b, cuda), f"logits path: {logits_path}")
+    if malloc_fixed and not cuda:
+        # The step's activations and logits are given back to the system before the optimizer makes its
+        # temporaries: the phase holds the larger of the two, not both.
+        returned = est.phases["training"]["activations"] + est.phases["training"]["logits"]
+        est.add(
+            "training",
+            "optimizer_update",
+            max(0, temporaries - returned),
+            "AdamW's temporaries beyond the activations returned before them (glibc's thresholds fixed)",
+        )
+    else:
+        est.add("training", "optimizer_update", temporaries, "AdamW's denominator temporaries")
 
     if levers.use_vllm:
         if cuda and levers.vllm_mode == "server":

@@ -30,7 +30,14 @@ import numpy as np
 from benchmarks.catalog.profiles import Hardware, Levers
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.bandwidth import decode_step_bytes
-from benchmarks.model.estimate import DTYPE_BYTES, LORA_TARGETS, Workload, lora_params, qlora_weight_bytes
+from benchmarks.model.estimate import (
+    DTYPE_BYTES,
+    LORA_TARGETS,
+    Workload,
+    layer_activation_bytes,
+    lora_params,
+    qlora_weight_bytes,
+)
 
 # pace._torch_work: 8 rounds of 4 (576 x 1536) linears on 512 rows, forward (4 matmuls) and backward (4 weight
 # gradients, 3 input gradients: the first layer's input needs none), 2 FLOPs a multiply-add.
@@ -51,6 +58,7 @@ class Work:
     link_bytes: float = 0.0  # bytes between ranks (ZeRO) or to a vLLM server
     host_bytes: float = 0.0  # bytes between device and host (sleep mode)
     quantised_params: float = 0.0  # parameters 8-bit AdamW (de)quantises
+    faulted_bytes: float = 0.0  # fresh pages a CPU maps and zero-fills each step (glibc's thresholds fixed)
     completions: float = 0.0  # completions the reward scores
 
     def __add__(self, other: Work) -> Work:
@@ -69,6 +77,7 @@ class Rates:
     link_bytes_s: float
     host_bytes_s: float
     quantised_param_s: float  # seconds a parameter of 8-bit AdamW's (de)quantisation
+    faulted_bytes_s: float  # fresh pages mapped and zero-filled per second
     reward_s: float = 0.0  # seconds a completion of the reward that runs
     source: str = ""
 
@@ -82,6 +91,7 @@ class Rates:
             + work.link_bytes / self.link_bytes_s
             + work.host_bytes / self.host_bytes_s
             + work.quantised_params * self.quantised_param_s
+            + work.faulted_bytes / self.faulted_bytes_s
             + work.completions * self.reward_s
         )
 
@@ -102,7 +112,9 @@ def attention_flops(shape: Shape, sequences: int, length: int) -> float:
 def eager_passes(shape: Shape, levers: Levers, passes: float) -> Work:
     """``passes`` of every layer run eagerly, each of its LoRA adapters too under PEFT."""
     adapters = len(LORA_TARGETS) if levers.model in ("lora", "qlora") else 0
-    return Work(layer_passes=shape.num_hidden_layers * passes, adapter_passes=shape.num_hidden_layers * adapters * passes)
+    return Work(
+        layer_passes=shape.num_hidden_layers * passes, adapter_passes=shape.num_hidden_layers * adapters * passes
+    )
 
 
 def weight_bytes(shape: Shape, dtype: str, levers: Levers) -> float:
@@ -117,8 +129,10 @@ def rollout_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> di
     weights = weight_bytes(shape, dtype, levers)
     per_byte = weights / shape.param_count()
     midway = decode_step_bytes(shape, per_byte, sequences, prompt + steps // 2)
-    decode_flops = 2 * n * sequences * steps + attention_flops(shape, sequences, prompt + steps) - attention_flops(
-        shape, sequences, prompt
+    decode_flops = (
+        2 * n * sequences * steps
+        + attention_flops(shape, sequences, prompt + steps)
+        - attention_flops(shape, sequences, prompt)
     )
     prefill = Work(flops=2 * n * sequences * prompt + attention_flops(shape, sequences, prompt))
     decode = Work(flops=decode_flops, bytes=steps * midway.total)
@@ -183,13 +197,33 @@ def optimizer_work(shape: Shape, dtype: str, levers: Levers) -> Work:
     )
 
 
-def phase_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> dict[str, Work]:
-    """Every phase's work for one optimizer step of one rank, in ``PHASES`` order."""
+def faulted_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> dict[str, Work]:
+    """On a CPU with glibc's thresholds fixed every block over them is mapped fresh and zero-filled on first
+    touch, each step: forward and backward's activations (made again by checkpointing's recompute) and the
+    gradients, the optimizer's temporaries (two a parameter in AdamW's update)."""
+    b = DTYPE_BYTES[dtype]
+    peft = levers.model in ("lora", "qlora")
+    trainable = trainable_params(shape, levers) * (4 if peft else b)
+    positions = work.rollout_sequences * (work.prompt_tokens + work.completion_tokens)
+    layer = layer_activation_bytes(shape, b, peft, lora_r=levers.lora_r)
+    return {
+        "forward_backward": Work(faulted_bytes=shape.num_hidden_layers * layer * positions + trainable),
+        "optimizer": Work(faulted_bytes=2 * trainable),
+    }
+
+
+def phase_work(shape: Shape, dtype: str, levers: Levers, work: Workload, malloc_fixed: bool = False) -> dict[str, Work]:
+    """Every phase's work for one optimizer step of one rank, in ``PHASES`` order; ``malloc_fixed``: on a CPU
+    under fixed glibc thresholds (``faulted_work``)."""
     found = {
         **rollout_work(shape, dtype, levers, work),
         "reward": Work(completions=work.rollout_sequences),
         **training_work(shape, dtype, levers, work),
     }
+    if malloc_fixed:
+        for phase, extra in faulted_work(shape, dtype, levers, work).items():
+            phase = phase if phase in found else "forward_backward"  # DeepSpeed steps inside backward
+            found[phase] += extra
     return {phase: found[phase] for phase in PHASES if phase in found}
 
 
@@ -219,8 +253,10 @@ class StepTime:
         return self.step_s * steps * self.gpus / 3600
 
 
-def step_time(shape: Shape, dtype: str, levers: Levers, work: Workload, rates: Rates) -> StepTime:
-    seconds = {phase: rates.seconds(w) for phase, w in phase_work(shape, dtype, levers, work).items()}
+def step_time(
+    shape: Shape, dtype: str, levers: Levers, work: Workload, rates: Rates, malloc_fixed: bool = False
+) -> StepTime:
+    seconds = {phase: rates.seconds(w) for phase, w in phase_work(shape, dtype, levers, work, malloc_fixed).items()}
     tokens = work.rollout_sequences * work.completion_tokens
     return StepTime(seconds, tokens, levers.world_size, rates.source)
 
@@ -230,10 +266,12 @@ TRAINING_MFU = 0.40  # dense training MFU on H100 BF16, 40-46% for 7B-70B (Mosai
 DECODE_MBU = 0.70  # decode at 60-85% of peak bandwidth in good inference stacks (Databricks' MBU)
 EAGER_LAYER_PASS_S = 20 * 7.5e-6  # eager: ~20 kernels a layer at 5-10 us a launch (DESIGN's launch-bound decode)
 EAGER_ADAPTER_PASS_S = 4 * 7.5e-6  # a LoRA adapter: dropout, two matmuls, a scaled add
-ENGINE_STEP_S = 0.0  # vLLM replays CUDA graphs: its per-step work is taken as hidden behind the bandwidth
+# vLLM replays CUDA graphs; its scheduler and sampler still take a few milliseconds a decode step (assumed,
+# not measured by this suite yet: a GPU run's decode rows replace it)
+ENGINE_STEP_S = 2e-3
 GPU_ASSUMPTIONS = (
     f"assumed: {TRAINING_MFU:.0%} of peak bf16 FLOP/s (MosaicML llm-foundry MFU), {DECODE_MBU:.0%} of spec "
-    "bandwidth (Databricks MBU), links at their spec"
+    f"bandwidth (Databricks MBU), {ENGINE_STEP_S * 1e3:g} ms a vLLM decode step, links at their spec"
 )
 
 
@@ -253,6 +291,7 @@ def assumed_rates(hardware: Hardware, decode_gb_s: float | None = None, reward_s
         link_bytes_s=(hardware.gpu_link_gb_s or hardware.host_link_gb_s) * 1e9,
         host_bytes_s=hardware.host_link_gb_s * 1e9,
         quantised_param_s=0.0,  # bitsandbytes' fused CUDA kernels: within the bytes
+        faulted_bytes_s=float("inf"),  # a CPU's heap only
         reward_s=reward_s,
         source=f"{hardware.name}: {basis}",
     )
@@ -270,11 +309,21 @@ class Coefficients:
     adapter_passes: float  # per pass, in calibration Python workloads
     engine_steps: float  # per vLLM step, in calibration Python workloads
     link_bytes: float  # per second of streaming at the probe's bandwidth
-    quantised_params: float  # per parameter, in calibration Python workloads
+    quantised_params: float  # per parameter, in the calibration's matmul FLOPs
+    faulted_bytes: float  # per second of streaming at the probe's bandwidth
     fitted_on: str = ""
 
 
-FITTED = ("flops", "bytes", "layer_passes", "adapter_passes", "engine_steps", "link_bytes", "quantised_params")
+FITTED = (
+    "flops",
+    "bytes",
+    "layer_passes",
+    "adapter_passes",
+    "engine_steps",
+    "link_bytes",
+    "quantised_params",
+    "faulted_bytes",
+)
 
 
 def calibration_units(work: Work, torch_s: float, python_s: float, gb_s: float, sharing: int = 1) -> np.ndarray:
@@ -289,7 +338,8 @@ def calibration_units(work: Work, torch_s: float, python_s: float, gb_s: float, 
             work.adapter_passes * python_s,
             work.engine_steps * python_s,
             work.link_bytes / (gb_s * 1e9),
-            work.quantised_params * python_s,
+            work.quantised_params * matmul_s,
+            work.faulted_bytes / (gb_s * 1e9),
         ]
     )
 
@@ -308,7 +358,8 @@ def measured_rates(
         engine_step_s=c.engine_steps * python_s,
         link_bytes_s=gb_s * 1e9 / c.link_bytes if c.link_bytes else float("inf"),
         host_bytes_s=gb_s * 1e9,
-        quantised_param_s=c.quantised_params * python_s,
+        quantised_param_s=c.quantised_params * matmul_s,
+        faulted_bytes_s=gb_s * 1e9 / c.faulted_bytes if c.faulted_bytes else float("inf"),
         reward_s=reward_s,
         source=f"this machine's calibration x coefficients fitted on {c.fitted_on}",
     )

@@ -9,7 +9,7 @@ import pandas as pd
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.model.estimate import rank_model_states
 from benchmarks.report.validation import PHASE_ORDER, Check
-from benchmarks.results.schema import ContextFile, DecodeFile, Rank, Result, RewardsFile
+from benchmarks.results.schema import ContextFile, DecodeFile, Rank, Result, RewardsFile, Summary
 
 
 def size_class(hardware: str) -> str:
@@ -41,12 +41,20 @@ def configurations(results: list[Result]) -> pd.DataFrame:
                     "levers": configuration.lever_values,
                     "status": configuration.status,
                     "step_s": summary.step_s_median if summary else None,
+                    "rollout_share": rollout_share(summary) if summary else None,
                     "peak_bytes": summary.peak_bytes if summary else None,
                     "peak_measure": summary.peak_measure if summary else None,
                     **{f"lever_{k}": v for k, v in configuration.levers.items()},
                 }
             )
     return pd.DataFrame(rows)
+
+
+def rollout_share(summary: Summary) -> float | None:
+    """The rollout's part of the median step (sleep mode's transfers with it)."""
+    phases = summary.phase_s_median
+    rollout = phases.get("rollout", 0.0) + phases.get("sleep_wake", 0.0)
+    return rollout / summary.step_s_median if summary.step_s_median else None
 
 
 def ranks(results: list[Result]) -> pd.DataFrame:
@@ -85,6 +93,7 @@ def ranks(results: list[Result]) -> pd.DataFrame:
                         "peak_bytes": summary.peak_bytes if summary else None,
                         "peak_measure": summary.peak_measure if summary else None,
                         "step_s": summary.step_s_median if summary else None,
+                        "rollout_share": rollout_share(summary) if summary else None,
                     }
                 )
     return pd.DataFrame(rows)
@@ -138,6 +147,7 @@ def reward_rows(run: RewardsFile) -> pd.DataFrame:
 def checks(found: list[Check]) -> pd.DataFrame:
     """The analytic model against every measured configuration and phase."""
     columns = ["file", "configuration", "phase", "predicted_bytes", "measured_bytes", "error", "held_out", "measure"]
+    columns.append("heap")
     return pd.DataFrame([{c: getattr(check, c) for c in columns} for check in found], columns=columns)
 
 

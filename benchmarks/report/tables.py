@@ -29,7 +29,7 @@ import pandas as pd
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model.bandwidth import decode_step_bytes, experts_read, rollout_seconds
 from benchmarks.model.estimate import GIB, GPU_COUNTS, NF4_BYTES_PER_PARAM, Workload, engine_need, estimate, on_gpus
-from benchmarks.report import frames
+from benchmarks.report import frames, time_tables
 from benchmarks.report.validation import FITTED_FILES, validate
 from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile, RolloutShape, load_results
 from benchmarks.run import context
@@ -97,18 +97,18 @@ def ladder(hardware: Hardware) -> list[tuple[str, dict]]:
     return [(label, c) for label, c in LADDER if c.get("model") != "qlora" and not c.get("vllm_enable_sleep_mode")]
 
 
-def predicted_cell(shape_name: str, hardware: Hardware) -> tuple[int, str, float] | None:
+def predicted_cell(shape_name: str, hardware: Hardware) -> tuple[int, str, float, Levers] | None:
     """The fewest GPUs of ``hardware`` (``GPU_COUNTS``: 1, 2, 4, 8, then 8-GPU machines) and the first
-    lever set of LADDER on them whose predicted peak per GPU fits, with that peak; many GPUs run ZeRO-3
+    lever set of LADDER on them whose predicted peak per GPU fits, with that peak and levers; many GPUs run ZeRO-3
     with the colocated engine split over each machine's ranks (``on_gpus``). A CPU is one machine."""
     shape = load_shapes()[shape_name]
     counts = (1,) if hardware.size_class == "cpu" else GPU_COUNTS
     for count in counts:
         for label, change in ladder(hardware):
             levers = _vllm_share(on_gpus(replace(SIZING_BASE, **change), count), shape_name, hardware)
-            predicted = estimate(shape, SIZING_DTYPE, levers, SIZING_WORKLOAD, hardware)
+            predicted = estimate(shape, SIZING_DTYPE, levers, SIZING_WORKLOAD, hardware, malloc_fixed=True)
             if predicted.fits(hardware.memory_gib * GIB):
-                return count, label + (", ZeRO-3" if count > 1 else ""), predicted.peak
+                return count, label + (", ZeRO-3" if count > 1 else ""), predicted.peak, levers
     return None
 
 
@@ -148,16 +148,42 @@ def measured_cells(results: list[Result]) -> dict[tuple[str, str], str]:
         if len(fits):
             best = fits.iloc[0]
             what = "device" if "device" in best.peak_measure else "host RSS"
-            cells[(shape, size)] = f"fits with {best.label} ({best.peak_bytes / GIB:.1f} GiB {what}; {where})"
+            timed = f"{best.step_s:.1f} s/step, rollout {best.rollout_share:.0%}"
+            cells[(shape, size)] = f"fits with {best.label} ({best.peak_bytes / GIB:.1f} GiB {what}; {timed}; {where})"
         else:
             cells[(shape, size)] = f"does not fit: every configuration ran out of memory ({where})"
     return cells  # groups in date order: the newest file of a cell is the last written
 
 
-def sizing_table(results: list[Result]) -> str:
+def _predicted_text(size: str, size_class: str, hardware: Hardware, every: list[Result]) -> tuple[str, bool, int]:
+    """A predicted cell: the GPUs and lever set that fit, the peak and the step's seconds; whether it fits."""
+    name = CLASS_NAMES.get(size_class, size_class)
+    cell = predicted_cell(size, hardware)
+    if cell is None:
+        if size_class == "cpu":
+            return "does not fit (predicted)", False, 1
+        return f"does not fit {GPU_COUNTS[-1]} GPUs at this workload per GPU (predicted)", False, 1
+    count, label, peak, levers = cell
+    rates = time_tables.class_rates(hardware, every, levers.num_processes)
+    timed = (
+        ""
+        if rates is None
+        else "; "
+        + time_tables.cell_text(
+            time_tables.cell_time(size, SIZING_DTYPE, levers, replace(SIZING_WORKLOAD, generated=0), rates)
+        )
+    )
+    if size_class == "cpu":
+        return f"{label} ({peak / GIB:.0f} GiB{timed}; predicted)", True, count
+    return f"{count} x {name}: {label} ({peak / GIB:.0f} GiB per GPU{timed}; predicted)", True, count
+
+
+def sizing_table(results: list[Result], every: list[Result] | None = None) -> str:
     """The seed's "Memory Anchors by Size Class": a frame of cells (size class x hardware class, each
-    measured or predicted), pivoted, beside what the seed says and the smallest class that fits."""
+    measured or predicted, with the step's seconds), pivoted, beside what the seed says and the smallest class
+    that fits. ``every``: all results (the time model's fitted run among them), default ``results``."""
     catalog, shapes = load_hardware(), load_shapes()
+    every = results if every is None else every
     measured = measured_cells(results)
     classes = list(SEED_ANCHORS)
     classes += [
@@ -178,18 +204,7 @@ def sizing_table(results: list[Result]) -> str:
             elif not hardware.memory_gib:  # the generic `gpu` class: each device's own memory, in its files
                 text, fits = "(no prediction: the class's memory is each device's own)", False
             else:
-                cell = predicted_cell(size, hardware)
-                fits = cell is not None
-                if cell and size_class == "cpu":
-                    count, label, peak = cell
-                    text = f"{label} ({peak / GIB:.0f} GiB; predicted)"
-                elif cell:
-                    count, label, peak = cell
-                    text = f"{count} x {name}: {label} ({peak / GIB:.0f} GiB per GPU; predicted)"
-                elif size_class == "cpu":
-                    text = "does not fit (predicted)"
-                else:
-                    text = f"does not fit {GPU_COUNTS[-1]} GPUs at this workload per GPU (predicted)"
+                text, fits, count = _predicted_text(size, size_class, hardware, every)
             named = text if text.startswith(f"{count} x {name}") else f"{name}: {text}"
             cells.append({"size": size, "class": size_class, "text": text, "fits": fits, "gpus": count, "named": named})
     frame = pd.DataFrame(cells)
@@ -216,7 +231,14 @@ def sizing_table(results: list[Result]) -> str:
         "needing the fewest GPUs, the smaller on a tie; the CPU column is one machine and skips QLoRA and vLLM "
         "sleep mode (both need CUDA).",
         "Measured cells: the lightest configuration that ran within the budget in the newest full (not --quick) "
-        "GRPO result file of that class and size class; its own workload and levers, as its file says.",
+        "GRPO result file of that class and size class; its own workload and levers, as its file says, with its "
+        "measured median step and the rollout's share of it.",
+        "Seconds per step (per GPU, the synthetic reward's negligible cost; rewards.md gives a real reward's): the "
+        "time model (model.md), on GPU classes from their peaks at assumed efficiencies ("
+        + time_tables.tv.GPU_ASSUMPTION_NOTE
+        + "), on the CPU at the rates fitted on "
+        + time_tables.tv.FITTED_TIME_FILES[0]
+        + " (that machine's calibration).",
     ]
     return "\n".join([frames.markdown(table.rename(columns=columns))] + notes) + "\n"
 
@@ -269,6 +291,8 @@ def decode_table(results: list[Result]) -> str:
     columns = ["machine", "file", "engine", "context", "GB/s", "of ceiling"]
     lines.append(frames.markdown(pd.DataFrame(measured, columns=columns), numeric=("context", "GB/s", "of ceiling")))
     lines += ["", *precision_rows(rollout)]
+    spark_levers = replace(SIZING_BASE, model="lora", gradient_checkpointing=True)
+    lines += ["", *time_tables.spark_rows(replace(SIZING_WORKLOAD, generated=0), spark_levers, SIZING_DTYPE)]
     return "\n".join(lines) + "\n"
 
 
@@ -414,9 +438,8 @@ def rewards_table(results: list[Result]) -> str:
                     "file": result.path,
                 }
             )
-    return (
-        frames.markdown(pd.DataFrame(rows), numeric=("batch", "words", "completions/s", "seed's code", "ratio")) + "\n"
-    )
+    table = frames.markdown(pd.DataFrame(rows), numeric=("batch", "words", "completions/s", "seed's code", "ratio"))
+    return "\n".join([table, "", *time_tables.reward_share_rows(results)]) + "\n"
 
 
 def model_table(results: list[Result]) -> tuple[str, dict[str, float]]:
@@ -433,6 +456,7 @@ def model_table(results: list[Result]) -> tuple[str, dict[str, float]]:
             "file": found.file,
             "configuration": found.configuration,
             "phase": found.phase,
+            "malloc": found.heap,
             "predicted GiB": found.predicted_bytes.map(lambda b: f"{b / GIB:.2f}"),
             "measured GiB": found.measured_bytes.map(lambda b: f"{b / GIB:.2f}"),
             "error": found.error.map(lambda e: f"{e:+.0%}"),
@@ -456,10 +480,13 @@ def model_table(results: list[Result]) -> tuple[str, dict[str, float]]:
         "",
         f"Measured per phase as: {measures}.",
         "",
-        f"Fitted: {', '.join(FITTED_FILES)}, the cpu profiles' runs on the 0.5B class (the CPU runtime, 0.8 GiB, "
-        "is the one-device runs' setup-phase RSS; a DeepSpeed rank on a CPU peaks about its whole gradient above "
-        "its states and micro-batch, 1.29x and 1.65x of it under ZeRO-2 and ZeRO-3 there, taken as 1x), and the "
-        "context probes (the PEFT bf16 generate transient). Held out: every other run, fitted on nothing (the "
+        f"Fitted: {', '.join(FITTED_FILES)}. Under glibc's own malloc thresholds the cpu profiles' runs on the 0.5B "
+        "class: the CPU runtime, 0.8 GiB, is the one-device runs' setup-phase RSS; a DeepSpeed rank on a CPU peaks "
+        "about its whole gradient above its states and micro-batch, 1.29x and 1.65x of it under ZeRO-2 and ZeRO-3 "
+        "there, taken as 1x. Under fixed thresholds (the `malloc` column) the 135M class's GRPO part of the run that "
+        "first fixed them: the runtime, 0.72 GiB, is its setup-phase RSS; freed gradients leave the heap, and the "
+        "optimizer's temporaries take the room of the activations returned before them. And the context probes "
+        "(the PEFT bf16 generate transient). Held out: every other run, fitted on nothing (the "
         "135M class's one-device and ZeRO runs among them); runs of many ranks are predicted per rank (the "
         "largest rank's peak). The DeepSpeed term's cause is not established (live tensors after the step are "
         "exactly the model states: the gradients backward makes before the reduce, and the heap glibc keeps, are "
@@ -532,7 +559,8 @@ def _context_probe_errors(results: list[Result]) -> list[str]:
             for probe in entry.probes:
                 if probe.fits and probe.peak_bytes:
                     work = Workload.of(levers, search.prompt_words, probe.completion_tokens)
-                    predicted = estimate(shape, search.dtype, levers, work, hardware, entry.logits_path).peak
+                    fixed = search.malloc_mmap_threshold > 0
+                    predicted = estimate(shape, search.dtype, levers, work, hardware, entry.logits_path, fixed).peak
                     errors.append((predicted - probe.peak_bytes) / probe.peak_bytes)
             if errors:
                 rows.append(
@@ -571,14 +599,16 @@ def cut(result: Result) -> bool:
     return not result.complete and result.kind in ("grpo", "distributed") and bool(result.record.configurations)
 
 
-def build(results: list[Result]) -> dict[str, str]:
-    """Every table's markdown (without the file header), from the results to cite (``headline``)."""
+def build(results: list[Result], every: list[Result] | None = None) -> dict[str, str]:
+    """Every table's markdown (without the file header), from the results to cite (``headline``) and, for the
+    time model's fit and checks, ``every`` result (default: those cited)."""
+    every = results if every is None else every
     return {
-        "sizing": sizing_table(results),
+        "sizing": sizing_table(results, every),
         "decode": decode_table(results),
         "context": context_table(results),
         "rewards": rewards_table(results),
-        "model": model_table(results)[0],
+        "model": model_table(results)[0] + "\n" + time_tables.time_table(every),
         "distributed": distributed_table(results),
     }
 
@@ -605,7 +635,7 @@ def write_tables(results_dir: Path, out: Path, every_run: bool = False) -> list[
     results = load_results(results_dir)
     cited = headline(results, every_run)
     header = f"{GENERATED}\n\nLast verified: {last_verified(cited)} ({_counted(cited, results)})\n\n"
-    built = build(cited)
+    built = build(cited, results)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in built.items():

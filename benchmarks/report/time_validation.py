@@ -11,11 +11,26 @@ import numpy as np
 
 from benchmarks.catalog.profiles import load_shapes
 from benchmarks.model.estimate import Workload
-from benchmarks.model.timing import Coefficients, calibration_units, fit, measured_rates, phase_work, step_time
+from benchmarks.model.timing import (
+    CALIBRATION_FLOPS,
+    GPU_ASSUMPTIONS,
+    Coefficients,
+    Rates,
+    calibration_units,
+    fit,
+    measured_rates,
+    phase_work,
+    step_time,
+)
 from benchmarks.results.schema import Calibration, Configuration, Result
 
 # The runs the time model's coefficients are fitted on: one cpu profile run's GRPO and ZeRO parts.
-FITTED_TIME_FILES = ("cpu/20261201T001546Z-grpo.json", "cpu/20261201T001849Z-distributed.json")
+FITTED_TIME_FILES = (
+    "cpu/20261201T001546Z-grpo.json",
+    "cpu/20261201T001849Z-distributed.json",
+    "cpu/20261201T175857Z-grpo.json",
+    "cpu/20261201T180808Z-distributed.json",
+)
 FITTED_PHASES = ("rollout", "sleep_wake", "logprob", "forward_backward", "optimizer")
 # The reward each step lever runs, as the rewards part names its rows (ours): their seconds add up.
 REWARD_ROWS = {
@@ -24,6 +39,7 @@ REWARD_ROWS = {
     "schema": ("schema_reward",),
     "execution": ("test_execution_reward",),
 }
+GPU_ASSUMPTION_NOTE = GPU_ASSUMPTIONS
 STEP_WITHIN = (0.15, 0.35)  # the whole step, held out: median and worst relative error
 PHASE_WITHIN = 0.25  # each phase over PHASE_SHARE of its step, held out: median relative error
 PHASE_SHARE = 0.10
@@ -40,6 +56,8 @@ class TimeCheck:
     measured_s: float
     share: float  # the phase's part of the measured step
     held_out: bool
+    machine: tuple[float, float, float] = (0.0, 0.0, 0.0)  # its run's calibration: matmul s, Python s, GB/s
+    levers: object = None  # the configuration's Levers: what makes two checks repeats of one configuration
 
     @property
     def error(self) -> float:
@@ -64,14 +82,15 @@ def calibration_of(result: Result, results: list[Result]) -> Calibration | None:
     return None
 
 
-def reward_seconds(results: list[Result], reward: str, calibration: Calibration) -> float:
-    """Seconds a completion of ``reward``: our rows at the smallest batch and shortest text in the same run's
-    rewards file, else the newest one; 0 for the synthetic reward."""
+def reward_seconds(results: list[Result], reward: str, calibration: Calibration | None) -> float:
+    """Seconds a completion of ``reward``: our rows at the smallest batch and shortest text in the rewards file
+    of the run with this ``calibration``, else the newest one; 0 for the synthetic reward."""
     names = REWARD_ROWS[reward]
     if not names:
         return 0.0
     files = [r for r in results if r.kind == "rewards" and r.complete]
-    same_run = [r for r in files if r.record.grpo_bench.pace and r.record.grpo_bench.pace.calibration == calibration]
+    pace = [r.record.grpo_bench.pace for r in files]
+    same_run = [r for r, p in zip(files, pace) if calibration and p and p.calibration == calibration]
     chosen = (same_run or files)[-1:]
     if not chosen:
         raise ValueError(f"no rewards result file measured {', '.join(names)}")
@@ -84,6 +103,38 @@ def reward_seconds(results: list[Result], reward: str, calibration: Calibration)
         row = min(mine, key=lambda r: (r.batch, r.words))
         seconds += 1 / row.completions_per_s
     return seconds
+
+
+def machine_rates(coefficients: Coefficients, calibration: Calibration, sharing: int, reward_s: float) -> Rates:
+    """The rates of one of ``sharing`` ranks on the machine ``calibration`` describes."""
+    c = calibration
+    return measured_rates(coefficients, c.torch_s, c.python_s, c.bandwidth_gb_s, sharing, reward_s)
+
+
+def fitted_machine_rates(results: list[Result], sharing: int = 1, reward_s: float = 0.0) -> Rates:
+    """The rates of the machine the fit ran on (its first fitted file's calibration)."""
+    fitted = [r for r in results if r.path == FITTED_TIME_FILES[0]]
+    calibration = calibration_of(fitted[0], results) if fitted else None
+    if calibration is None:
+        raise ValueError(f"{FITTED_TIME_FILES[0]} (the fitted run) is not among the results, or has no calibration")
+    return machine_rates(fitted_coefficients(results), calibration, sharing, reward_s)
+
+
+def describe(c: Coefficients) -> str:
+    """The fitted coefficients in words."""
+    return (
+        f"matmuls at {1 / c.flops:.0%} of the calibration's FLOP/s ({CALIBRATION_FLOPS / 1e9:.0f} GFLOP of linears), "
+        f"streamed bytes at {1 / c.bytes:.0%} of the probe's bandwidth, a layer pass {c.layer_passes:.4f} and an "
+        f"adapter pass {c.adapter_passes:.4f} of the calibration's Python workload, a vLLM step {c.engine_steps:.4f} "
+        f"of it, ranks' collectives at {1 / c.link_bytes if c.link_bytes else 0:.1%} of the probe's bandwidth, "
+        f"8-bit AdamW's (de)quantisation the time of {c.quantised_params:,.0f} matmul FLOPs a parameter, fresh "
+        f"pages (fixed thresholds) at {1 / c.faulted_bytes if c.faulted_bytes else 0:.0%} of the probe's bandwidth"
+    )
+
+
+def fixed_heap(result: Result) -> bool:
+    """Whether a CPU run fixed glibc's malloc thresholds."""
+    return result.hardware == "cpu" and result.record.profile.malloc_mmap_threshold > 0
 
 
 def _workload(result: Result, configuration: Configuration) -> tuple:
@@ -113,7 +164,7 @@ def fitted_coefficients(results: list[Result]) -> Coefficients:
             continue
         shape, dtype, levers, work = _workload(result, configuration)
         measured = configuration.summary.phase_s_median
-        for phase, w in phase_work(shape, dtype, levers, work).items():
+        for phase, w in phase_work(shape, dtype, levers, work, fixed_heap(result)).items():
             if phase in FITTED_PHASES and measured.get(phase):
                 c = calibration
                 units = calibration_units(w, c.torch_s, c.python_s, c.bandwidth_gb_s, levers.num_processes)
@@ -131,17 +182,17 @@ def validate_time(results: list[Result]) -> list[TimeCheck]:
     for result, configuration, calibration in _measured(results):
         shape, dtype, levers, work = _workload(result, configuration)
         reward_s = reward_seconds(results, levers.reward, calibration)
-        c = calibration
-        rates = measured_rates(coefficients, c.torch_s, c.python_s, c.bandwidth_gb_s, levers.num_processes, reward_s)
-        predicted = step_time(shape, dtype, levers, work, rates)
+        rates = machine_rates(coefficients, calibration, levers.num_processes, reward_s)
+        predicted = step_time(shape, dtype, levers, work, rates, fixed_heap(result))
         summary = configuration.summary
         held_out = result.path not in FITTED_TIME_FILES
         measured = {**summary.phase_s_median, "step": summary.step_s_median}
         for phase, seconds in {**predicted.phases, "step": predicted.step_s}.items():
             if measured.get(phase) and seconds:  # a phase the model prices at 0 (the synthetic reward) is not scored
                 share = measured[phase] / summary.step_s_median
-                check = TimeCheck(result.path, configuration.name, phase, seconds, measured[phase], share, held_out)
-                checks.append(check)
+                machine = (calibration.torch_s, calibration.python_s, calibration.bandwidth_gb_s)
+                row = (result.path, configuration.name, phase, seconds, measured[phase], share, held_out)
+                checks.append(TimeCheck(*row, machine=machine, levers=levers))
     return checks
 
 
@@ -160,7 +211,9 @@ def summary_rows(checks: list[TimeCheck]) -> list[dict]:
     for held_out in (False, True):
         for phase in ("step", *FITTED_PHASES, "reward"):
             chosen = [abs(c.error) for c in checks if c.phase == phase and c.held_out == held_out]
-            big = [abs(c.error) for c in checks if c.phase == phase and c.held_out == held_out and c.share > PHASE_SHARE]
+            big = [
+                abs(c.error) for c in checks if c.phase == phase and c.held_out == held_out and c.share > PHASE_SHARE
+            ]
             if chosen:
                 rows.append(
                     {
@@ -191,3 +244,34 @@ def targets(checks: list[TimeCheck]) -> list[tuple[str, float | None, float, boo
             claim = f"{phase} (where over {PHASE_SHARE:.0%} of its step), median error held out"
             out.append((claim, median, PHASE_WITHIN, median <= PHASE_WITHIN))
     return out
+
+
+def error_line(size_class: str) -> str:
+    """Where a time estimate's error is known from: model.md's held-out checks on a CPU, none on a GPU class yet."""
+    if size_class == "cpu":
+        return (
+            "error: as model.md's held-out time checks on this CPU (fitted on " + " and ".join(FITTED_TIME_FILES) + ")"
+        )
+    return (
+        "error: not known on this class: its rates are assumptions (peaks x efficiencies, hardware.toml) until a "
+        "run on it is scored in model.md"
+    )
+
+
+REPEAT_CALIBRATION = 0.15  # two runs' machines count as alike when each calibration figure is within this
+
+
+def repeat_spread(checks: list[TimeCheck], phase: str) -> tuple[float, TimeCheck, TimeCheck] | None:
+    """The largest ratio between two measurements of one configuration's ``phase`` on alike machines (every
+    calibration figure within ``REPEAT_CALIBRATION``): the noise no model of the calibration can follow."""
+    found = [c for c in checks if c.phase == phase and c.levers is not None]
+    best = None
+    for i, one in enumerate(found):
+        for other in found[i + 1 :]:
+            alike = all(abs(a / b - 1) <= REPEAT_CALIBRATION for a, b in zip(one.machine, other.machine))
+            if one.file == other.file or one.levers != other.levers or not alike:
+                continue
+            ratio = max(one.measured_s, other.measured_s) / min(one.measured_s, other.measured_s)
+            if best is None or ratio > best[0]:
+                best = (ratio, one, other)
+    return best

@@ -27,6 +27,7 @@ class Check:
     terms: dict[str, int]
     held_out: bool  # a configuration no constant of the model was fitted on
     measure: str = ""  # what the phase's figure measures (the summary's), and so which terms it is held to
+    heap: str = ""  # CPU: under glibc's own malloc thresholds or fixed ones (``heap_of``)
 
     @property
     def error(self) -> float:
@@ -52,6 +53,14 @@ def on_allocator(configuration: Configuration) -> bool:
     return bool(configuration.summary and configuration.summary.phase_peak_measure == TORCH_ALLOCATED)
 
 
+def heap_of(run: GrpoFile) -> str:
+    """How a CPU run's heap was kept: glibc's thresholds fixed (every run since the profile recorded it) or its own."""
+    if run.profile.hardware != "cpu":
+        return ""
+    threshold = run.profile.malloc_mmap_threshold
+    return f"thresholds fixed at {threshold // 1024} KiB" if threshold else "glibc's own thresholds"
+
+
 def predict_configuration(
     run: GrpoFile, configuration: Configuration, shapes: dict[str, Shape], hardware: dict[str, Hardware]
 ) -> Estimate:
@@ -60,14 +69,22 @@ def predict_configuration(
     grpo = getattr(run.profile, run.kind)
     levers = configuration.lever_values
     work = Workload.of(levers, grpo.prompt_words)
-    return estimate(shapes[run.shape.name], grpo.dtype, levers, work, hardware[run.profile.hardware])
+    fixed = run.profile.malloc_mmap_threshold > 0
+    return estimate(
+        shapes[run.shape.name], grpo.dtype, levers, work, hardware[run.profile.hardware], malloc_fixed=fixed
+    )
 
 
-# The measured constants of the model were fitted on these runs (and the context probes): the CPU runtime
-# (estimate.RUNTIME_BYTES["cpu"]) on the 0.5B class's one-device runs, a DeepSpeed rank's transient on a CPU
-# (estimate.CPU_DEEPSPEED_TRANSIENT_GRADIENTS) on its ZeRO run, the PEFT bf16 generate transient on the
-# context probes. Every other run fitted nothing and is held out (the 135M class's among them).
-FITTED_FILES = ("cpu/20261130T074121Z-grpo.json", "cpu/20261130T200906Z-distributed.json")
+# The measured constants of the model were fitted on these runs (and the context probes): the CPU runtime under
+# glibc's own thresholds (estimate.RUNTIME_BYTES["cpu"]) on the 0.5B class's one-device runs and a DeepSpeed
+# rank's transient on a CPU (estimate.CPU_DEEPSPEED_TRANSIENT_GRADIENTS) on its ZeRO run; the runtime under
+# fixed thresholds ("cpu-fixed") on the 135M class's GRPO part of the run that first fixed them; the PEFT bf16
+# generate transient on the context probes. Every other run fitted nothing and is held out.
+FITTED_FILES = (
+    "cpu/20261130T074121Z-grpo.json",
+    "cpu/20261130T200906Z-distributed.json",
+    "cpu/20261201T175857Z-grpo.json",
+)
 
 
 def validate(results: list[Result], shapes: dict[str, Shape], hardware: dict[str, Hardware]) -> list[Check]:
@@ -98,6 +115,7 @@ def validate(results: list[Result], shapes: dict[str, Shape], hardware: dict[str
                         terms=terms,
                         held_out=result.path not in FITTED_FILES,
                         measure=measure or summary.peak_measure,
+                        heap=heap_of(result.record),
                     )
                 )
     return checks

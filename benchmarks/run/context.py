@@ -202,7 +202,7 @@ def budgeted_peak(
     """The model's peak at ``length`` in the budget's own measure: on CUDA what torch's allocator holds (the
     budget caps it; the CUDA context lies outside), on a CPU the whole process (the budget is its RSS)."""
     work = Workload.of(levers, settings.prompt_words, length)
-    predicted = estimate(shape, settings.dtype, levers, work, hardware, path)
+    predicted = estimate(shape, settings.dtype, levers, work, hardware, path, settings.malloc_mmap_threshold > 0)
     return predicted.allocator_peak if hardware.size_class != "cpu" else predicted.peak
 
 
@@ -425,7 +425,8 @@ def logits_share(settings: ContextBench, hardware: Hardware, length: int, path: 
     """The training phase at ``length`` in the analytic model: the logits term against the rest."""
     shape = load_shapes()[settings.shape]
     work = Workload.of(settings.levers, settings.prompt_words, length)
-    training = estimate(shape, settings.dtype, settings.levers, work, hardware, path).phases["training"]
+    fixed = settings.malloc_mmap_threshold > 0
+    training = estimate(shape, settings.dtype, settings.levers, work, hardware, path, fixed).phases["training"]
     rest = sum(v for k, v in training.items() if k != "logits")
     return schema.LogitsShare(
         completion_tokens=length, logits_bytes=training["logits"], rest_bytes=rest, terms=training

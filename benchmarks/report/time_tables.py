@@ -1,0 +1,182 @@
+"""The time model's tables: its validation (model.md), the seconds a sizing cell's step takes (sizing.md),
+DGX Spark's hours against an H200's (decode.md) and the reward's share of a measured step (rewards.md)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+
+from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
+from benchmarks.model.estimate import Workload
+from benchmarks.model.timing import Rates, StepTime, assumed_rates, step_time
+from benchmarks.report import frames
+from benchmarks.report import time_validation as tv
+from benchmarks.results.schema import Result
+
+SPARK_VERSUS = "h200"  # the class Spark's hours stand beside
+SPARK_SHAPES = ("0.5b", "1.5b", "3b", "7b", "8b", "14b", "32b", "70b")
+
+
+def class_rates(hardware: Hardware, results: list[Result], sharing: int = 1) -> Rates | None:
+    """A class's rates: the CPU's from the fitted run's own calibration, a GPU class's assumed; None where
+    neither is known (no fitted run among ``results``, no peaks catalogued)."""
+    if hardware.size_class == "cpu":
+        try:
+            return tv.fitted_machine_rates(results, sharing)
+        except ValueError:
+            return None
+    try:
+        return assumed_rates(hardware)
+    except ValueError:
+        return None
+
+
+def cell_time(shape_name: str, dtype: str, levers: Levers, work: Workload, rates: Rates) -> StepTime:
+    return step_time(load_shapes()[shape_name], dtype, levers, work, rates)
+
+
+def seconds_text(seconds: float) -> str:
+    return f"{seconds:,.0f}" if seconds >= 10 else f"{seconds:.2g}"
+
+
+def cell_text(predicted: StepTime) -> str:
+    return f"~{seconds_text(predicted.step_s)} s/step, rollout {predicted.rollout_share:.0%}"
+
+
+def time_table(results: list[Result]) -> str:
+    """model.md's time section: the fitted coefficients, each configuration's step and phases against the
+    model, the errors per phase fitted and held out, and the targets."""
+    measured = [r for r in results if not r.quick and r.complete]
+    try:
+        checks = tv.validate_time(measured)
+        coefficients = tv.fitted_coefficients(measured)
+    except ValueError as error:
+        return f"No time validation: {error}.\n"
+    lines = [
+        "## Time: seconds per phase and per step",
+        "",
+        f"Fitted on {', '.join(tv.FITTED_TIME_FILES)}: every phase of their configurations the model prices "
+        f"({', '.join(tv.FITTED_PHASES)}). "
+        "Every other run with a calibration is held out; each run's machine is its own calibration (its matmul "
+        "FLOP/s, Python speed and memory bandwidth, recorded in the file's pace).",
+        "",
+        "Coefficients (seconds of work per second of the calibration's own): " + tv.describe(coefficients) + ".",
+        "",
+        frames.markdown(pd.DataFrame(tv.summary_rows(checks)).map(_percent), numeric=("checks",)),
+        "",
+    ]
+    for claim, value, limit, met in tv.targets(checks):
+        verdict = "met" if met else "MISSED"
+        lines.append(f"- {claim}: {value:.1%} (target at most {limit:.0%}: {verdict})")
+        spread = None if met else tv.repeat_spread(checks, claim.split()[0])
+        if spread:
+            ratio, one, other = spread
+            lines.append(
+                f"  - the same configuration ({one.configuration}) measured {one.measured_s:.2f} s in {one.file} and "
+                f"{other.measured_s:.2f} s in {other.file}, machines whose calibrations agree within "
+                f"{tv.REPEAT_CALIBRATION:.0%}: {ratio:.1f}x between repeats, more than any model of the calibration "
+                "can follow"
+            )
+    lines += ["", frames.markdown(_check_frame(checks)), ""]
+    lines += [f"Not scored: {why}." for why in tv.unscored(measured)]
+    lines += [
+        "",
+        "GPU classes: no run on a GPU has been scored yet. Their rates are assumptions: "
+        f"{tv.GPU_ASSUMPTION_NOTE}; each class's peaks and links with their sources in profiles/hardware.toml.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _percent(value: object) -> object:
+    if isinstance(value, float):
+        return "" if value != value else f"{value:.0%}"  # NaN: no check of that kind
+    return "" if value is None else value
+
+
+def _check_frame(checks: list[tv.TimeCheck]) -> pd.DataFrame:
+    """One row per configuration: its step predicted and measured, and each phase's error."""
+    rows: dict[tuple[str, str], dict] = {}
+    for check in checks:
+        row = rows.setdefault(
+            (check.file, check.configuration),
+            {
+                "set": "held out" if check.held_out else "fitted",
+                "file": check.file,
+                "configuration": check.configuration,
+            },
+        )
+        if check.phase == "step":
+            row |= {"predicted s": f"{check.predicted_s:.2f}", "measured s": f"{check.measured_s:.2f}"}
+        row[check.phase] = f"{check.error:+.0%}"
+    frame = pd.DataFrame(rows.values())
+    order = ["set", "file", "configuration", "predicted s", "measured s", "step", *tv.FITTED_PHASES, "reward"]
+    return frame.reindex(columns=[c for c in order if c in frame.columns]).fillna("")
+
+
+def spark_rows(work: Workload, levers: Levers, dtype: str) -> list[str]:
+    """Hours per 1,000 steps per size class on DGX Spark at its sustained budget against an H200: the same
+    step with the rollout at 180 and 192 GB/s (every other rate assumed as on any class)."""
+    catalog = load_hardware()
+    spark, versus = catalog["spark"], catalog[SPARK_VERSUS]
+    bases = [
+        (f"DGX Spark at {gb_s:g} GB/s", assumed_rates(spark, decode_gb_s=gb_s))
+        for gb_s in spark.sustained_bandwidth_gb_s
+    ]
+    bases.append((versus.name, assumed_rates(versus)))
+    rows = []
+    for name in SPARK_SHAPES:
+        row = {"size class": name}
+        for label, rates in bases:
+            predicted = cell_time(name, dtype, levers, work, rates)
+            row[f"{label}: h / 1,000 steps"] = f"{predicted.gpu_hours(1000):,.1f}"
+            row[f"{label}: rollout"] = f"{predicted.rollout_share:.0%}"
+        rows.append(row)
+    return [
+        "Worth doing on a DGX Spark? Hours per 1,000 GRPO steps (one device, predicted by the time model), LoRA "
+        f"with checkpointing, {work.completions} completions x {work.completion_tokens} tokens after "
+        f"{work.prompt_tokens}-token prompts, the rollout by a colocated vLLM engine, {dtype}: Spark's rollout at its "
+        f"sustained 180 and 192 GB/s (the guide's budget), every other rate assumed ({tv.GPU_ASSUMPTION_NOTE}), "
+        f"beside an {versus.name} at its assumed rates. Memory is not checked here: sizing.md says what fits.",
+        "",
+        frames.markdown(pd.DataFrame(rows)),
+    ]
+
+
+def _with_synthetic(levers: Levers) -> Levers:
+    return replace(levers, reward="synthetic")
+
+
+def reward_share_rows(results: list[Result]) -> list[str]:
+    """Each real reward's measured share of a step, beside the configuration that differs from it only in
+    running the synthetic reward (its baseline)."""
+    rows = []
+    for result in results:
+        if result.kind != "grpo" or result.quick:
+            continue
+        ran = [c for c in result.record.configurations if c.status == "ok" and c.summary]
+        real = [c for c in ran if c.lever_values.reward != "synthetic"]
+        bases = {_with_synthetic(c.lever_values) for c in real}
+        for configuration in ran:
+            summary = configuration.summary
+            if configuration not in real and configuration.lever_values not in bases:
+                continue
+            reward_s = summary.phase_s_median.get("reward", 0.0)
+            rows.append(
+                {
+                    "file": result.path,
+                    "reward in the step": configuration.lever_values.reward,
+                    "configuration": configuration.name,
+                    "reward s/step": f"{reward_s:.3f}",
+                    "step s": f"{summary.step_s_median:.2f}",
+                    "reward share": f"{reward_s / summary.step_s_median:.1%}",
+                }
+            )
+    if not rows:
+        return ["No GRPO step has run a real reward yet."]
+    return [
+        "The reward inside measured GRPO steps (the `reward` lever): its median seconds a step and its share of "
+        "the step, the synthetic reward beside it as the baseline.",
+        "",
+        frames.markdown(pd.DataFrame(rows), numeric=("reward s/step", "step s", "reward share")),
+    ]

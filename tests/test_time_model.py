@@ -1,0 +1,188 @@
+"""The time model: the work it counts per phase, its fit, its rates, and its figures in estimate and the tables."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks import cli
+from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
+from benchmarks.model import timing
+from benchmarks.model.estimate import Workload
+from benchmarks.report import time_validation
+from benchmarks.results import schema
+from benchmarks.run import pace
+
+SHAPE = load_shapes()["0.5b"]
+WORK = Workload(completions=8, prompt_tokens=256, completion_tokens=1024)
+BASE = Levers(num_generations=8, per_device_train_batch_size=8, max_completion_length=1024)
+
+
+def work_of(**levers):
+    chosen = replace(BASE, **levers)
+    return timing.phase_work(SHAPE, "bfloat16", chosen, Workload.of(chosen, 256))
+
+
+def test_the_calibration_flops_are_what_its_work_does():
+    with FlopCounterMode(display=False) as counter:
+        pace._torch_work()
+    assert counter.get_total_flops() == timing.CALIBRATION_FLOPS
+
+
+def test_checkpointing_adds_one_forward_and_lora_skips_the_weight_gradients():
+    forward = work_of(beta=0.04)["logprob"].flops  # a reference forward over the same batch
+    full = work_of()["forward_backward"].flops
+    assert full == pytest.approx(3 * forward)
+    assert work_of(gradient_checkpointing=True)["forward_backward"].flops == pytest.approx(4 * forward)
+    assert work_of(model="lora")["forward_backward"].flops == pytest.approx(2 * forward)
+    assert work_of(model="lora", gradient_checkpointing=True)["forward_backward"].flops == pytest.approx(3 * forward)
+
+
+def test_log_prob_forwards_come_with_vllm_and_with_a_reference():
+    assert "logprob" not in work_of()
+    one = work_of(use_vllm=True)["logprob"].flops
+    assert work_of(beta=0.04)["logprob"].flops == pytest.approx(one)
+    assert work_of(use_vllm=True, beta=0.04)["logprob"].flops == pytest.approx(2 * one)
+
+
+def test_each_rollout_engine_pays_its_own_transfers():
+    weights = SHAPE.param_count() * 2
+    eager, colocated = work_of()["rollout"], work_of(use_vllm=True)["rollout"]
+    assert (
+        colocated.bytes - eager.bytes == pytest.approx(2 * weights)
+        and eager.layer_passes
+        and not colocated.layer_passes
+    )
+    assert work_of(use_vllm=True, vllm_mode="server")["rollout"].link_bytes == pytest.approx(weights)
+    assert work_of(use_vllm=True, vllm_enable_sleep_mode=True)["sleep_wake"].host_bytes == pytest.approx(2 * weights)
+
+
+def test_a_longer_completion_costs_more_decode_and_a_bigger_generation_batch_more_of_everything():
+    short, long = work_of(max_completion_length=256), work_of()
+    assert long["rollout"].bytes > 3.9 * short["rollout"].bytes
+    double = work_of(gradient_accumulation_steps=2)
+    assert double["rollout"].flops == pytest.approx(2 * long["rollout"].flops)
+    assert double["forward_backward"].flops == pytest.approx(2 * long["forward_backward"].flops)
+
+
+def test_zero3_moves_a_third_more_than_zero2_and_deepspeed_steps_inside_backward():
+    zero2 = work_of(num_processes=2, distributed_type="zero2")
+    zero3 = work_of(num_processes=2, distributed_type="zero3")
+    assert "optimizer" not in zero2 and zero2["forward_backward"].link_bytes > 0
+    assert zero3["forward_backward"].link_bytes == pytest.approx(1.5 * zero2["forward_backward"].link_bytes)
+    assert zero3["rollout"].link_bytes > 0 == zero2["rollout"].link_bytes  # gathered to generate
+
+
+def test_the_fit_recovers_the_coefficients_that_made_the_rows():
+    truth = timing.Coefficients(
+        flops=1.5,
+        bytes=3.0,
+        layer_passes=0.01,
+        adapter_passes=0.002,
+        engine_steps=0.0,
+        link_bytes=200.0,
+        quantised_params=1500.0,
+        faulted_bytes=6.0,
+    )
+    rates = timing.measured_rates(truth, torch_s=0.5, python_s=0.1, gb_s=20.0)
+    rows = []
+    for levers in ({}, {"model": "lora"}, {"gradient_checkpointing": True}, {"optim": "adamw_8bit"}, {"beta": 0.04}):
+        chosen = replace(BASE, max_completion_length=64, **levers)
+        for fixed in (False, True):
+            phases = timing.phase_work(SHAPE, "bfloat16", chosen, Workload.of(chosen, 256), malloc_fixed=fixed)
+            for phase, work in phases.items():
+                if phase != "reward":
+                    rows.append((timing.calibration_units(work, 0.5, 0.1, 20.0), rates.seconds(work)))
+    fitted = timing.fit(rows, "made here")
+    for name in ("flops", "bytes", "layer_passes", "adapter_passes", "quantised_params", "faulted_bytes"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    assert fitted.link_bytes == 0  # no row moved anything between ranks: left at 0, not guessed
+
+
+def test_the_fit_keeps_every_coefficient_non_negative():
+    rows = [(np.array([1.0, 1.0, 0, 0, 0, 0, 0, 0]), 1.0), (np.array([2.0, 0.5, 0, 0, 0, 0, 0, 0]), 1.0)]
+    fitted = timing.fit(rows, "made here")
+    assert min(fitted.flops, fitted.bytes) >= 0
+
+
+def test_a_step_s_hours_and_throughput_follow_from_its_seconds():
+    step = timing.StepTime({"rollout": 30.0, "forward_backward": 10.0}, completion_tokens=8192, gpus=4, source="")
+    assert step.step_s == 40 and step.rollout_share == 0.75
+    assert step.tokens_per_s_per_gpu == pytest.approx(8192 / 40)
+    assert step.gpu_hours(1000) == pytest.approx(40 * 1000 * 4 / 3600)
+
+
+def test_a_class_without_peaks_has_no_assumed_rates():
+    hardware = load_hardware()
+    with pytest.raises(ValueError, match="no peak FLOP/s"):
+        timing.assumed_rates(hardware["gpu"])
+    spark = timing.assumed_rates(hardware["spark"], decode_gb_s=180.0)
+    assert spark.bytes_s == 180e9 and "180 GB/s" in spark.source
+
+
+def test_spark_at_its_budget_is_slower_than_an_h200_and_faster_at_192_than_180():
+    hardware = load_hardware()
+    lora = replace(BASE, model="lora", gradient_checkpointing=True, use_vllm=True)
+    hours = {
+        name: timing.step_time(SHAPE, "bfloat16", lora, WORK, rates).gpu_hours()
+        for name, rates in {
+            "180": timing.assumed_rates(hardware["spark"], decode_gb_s=180.0),
+            "192": timing.assumed_rates(hardware["spark"], decode_gb_s=192.0),
+            "h200": timing.assumed_rates(hardware["h200"]),
+        }.items()
+    }
+    assert hours["h200"] < hours["192"] < hours["180"]
+
+
+def test_estimate_prints_seconds_throughput_gpu_hours_and_cost(capsys):
+    cli.main(["estimate", "--shape", "8b", "--hardware", "h200", "--levers", "model=lora", "--price-per-gpu-hour", "4"])
+    out = capsys.readouterr().out
+    for text in ("time per step, per GPU", "forward_backward", "completion tokens/s per GPU", "GPU-hours per 1,000"):
+        assert text in out
+    assert "at 4 a GPU-hour" in out and "assumptions" in out
+
+
+def test_estimate_refuses_a_negative_price(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["estimate", "--shape", "8b", "--hardware", "h200", "--price-per-gpu-hour", "-1"])
+    assert "--price-per-gpu-hour must be at least 0" in capsys.readouterr().err
+
+
+def test_the_time_model_meets_its_targets_on_the_committed_runs(committed_results):
+    results = [r for r in schema.load_results(committed_results) if not r.quick and r.complete]
+    checks = time_validation.validate_time(results)
+    assert any(c.held_out for c in checks) and any(not c.held_out for c in checks)
+    steps = {(c.held_out, name) for c in checks for name in [c.phase] if name == "step"}
+    assert steps == {(False, "step"), (True, "step")}
+    for claim, value, limit, met in time_validation.targets(checks):
+        if claim.startswith("whole step"):
+            assert met, f"{claim}: {value:.1%} against {limit:.0%}"
+
+
+def test_a_run_without_a_calibration_is_named_as_not_scored(committed_results):
+    results = schema.load_results(committed_results)
+    unscored = time_validation.unscored(results)
+    assert unscored and all("no calibration recorded" in line for line in unscored)
+
+
+def test_a_missed_target_names_the_spread_between_repeats_on_alike_machines():
+    def check(file, measured, machine, levers=BASE):
+        return time_validation.TimeCheck(file, "base", "optimizer", 1.0, measured, 0.2, True, machine, levers)
+
+    checks = [
+        check("a.json", 0.2, (0.40, 0.10, 40.0)),
+        check("b.json", 0.5, (0.42, 0.11, 44.0)),  # alike: a repeat
+        check("c.json", 0.9, (0.80, 0.10, 40.0)),  # a slower machine: not a repeat
+        check("d.json", 0.1, (0.40, 0.10, 40.0), replace(BASE, model="lora")),  # another configuration
+    ]
+    ratio, one, other = time_validation.repeat_spread(checks, "optimizer")
+    assert ratio == pytest.approx(2.5) and {one.file, other.file} == {"a.json", "b.json"}
+    assert time_validation.repeat_spread(checks, "rollout") is None
+
+
+def test_estimate_on_this_cpu_uses_its_calibration_and_the_committed_fit(capsys):
+    cli.main(["estimate", "--shape", "135m", "--hardware", "cpu", "--dtype", "float32", "--levers", "reward=execution"])
+    out = capsys.readouterr().out
+    assert "this machine's calibration x coefficients fitted on cpu/" in out
+    assert "  reward " in out and "model.md's held-out time checks" in out
