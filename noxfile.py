@@ -127,9 +127,10 @@ def context(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def tables(session: nox.Session) -> None:
-    """Regenerate results/tables/*.md from every result file (`-- --results DIR --out DIR --doc FILE`)."""
+    """Regenerate results/tables/*.md, and the README's excerpt, from every result file
+    (`-- --results DIR --out DIR --doc FILE`)."""
     _install(session, "report")
-    session.run("python", "-m", "benchmarks", "tables", *session.posargs)
+    session.run("python", "-m", "benchmarks", "tables", *(session.posargs or ["--doc", "README.md"]))
 
 
 @nox.session(default=False)

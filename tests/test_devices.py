@@ -2,6 +2,7 @@
 device memory per process with a baseline, the NOT_SUPPORTED fallback of unified memory, server
 mode's GPUs, the default profile on a CUDA machine, and time limits."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -313,7 +314,7 @@ def test_an_engine_process_refusing_to_start_is_recorded_as_engine_cannot_start(
 
 
 def test_the_worker_s_skip_reasons_name_what_is_missing():
-    levers = {"model": "full", "vllm_enable_sleep_mode": False, "use_vllm": False, "optim": "adamw_torch"}
+    levers = dataclasses.asdict(profile.Levers())
     assert worker.skip_reason({"levers": {**levers, "model": "qlora"}}, cuda=False).startswith("QLoRA")
     assert worker.skip_reason({"levers": levers}, cuda=False) is None
 

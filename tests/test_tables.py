@@ -227,6 +227,15 @@ def test_the_committed_tables_are_what_the_committed_results_make(committed_resu
         assert path.read_text() == committed.read_text(), f"{committed} differs: run `nox -s tables`"
 
 
+def test_the_readme_s_excerpt_is_what_the_committed_results_make(committed_results, tmp_path):
+    results = schema.load_results(committed_results)
+    cited = tables.headline(results)
+    readme = tmp_path / "README.md"
+    readme.write_text((REPO / "README.md").read_text())
+    assert tables.rewrite_document(readme, tables.build(cited, results), tables.last_verified(cited)) == ["steps"]
+    assert readme.read_text() == (REPO / "README.md").read_text(), "README.md's excerpt differs: run `nox -s tables`"
+
+
 def test_compare_matches_configurations_by_lever_values_across_versions(tmp_path):
     results = tmp_path / "runs"
     older = grpo_file(results, "h100", "32b", peak_gib=50.0)

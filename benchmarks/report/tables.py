@@ -34,7 +34,7 @@ from benchmarks.report.validation import FITTED_FILES, validate
 from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile, RolloutShape, load_results
 from benchmarks.run import context
 
-TABLES = ("sizing", "decode", "context", "rewards", "model", "distributed")
+TABLES = ("sizing", "steps", "decode", "context", "rewards", "model", "distributed")
 SEED_ANCHORS = ("24gb", "h200", "b200")  # the classes the seed's table names: always shown
 CLASS_NAMES = {"24gb": "24GB-class", "a100": "A100-class", "h100": "H100-class", "h200": "H200-class"}
 CLASS_NAMES |= {"b200": "B200-class", "spark": "DGX Spark", "cpu": "CPU only", "gpu": "other GPUs"}
@@ -605,6 +605,7 @@ def build(results: list[Result], every: list[Result] | None = None) -> dict[str,
     every = results if every is None else every
     return {
         "sizing": sizing_table(results, every),
+        "steps": time_tables.steps_table(results),
         "decode": decode_table(results),
         "context": context_table(results),
         "rewards": rewards_table(results),

@@ -3,7 +3,7 @@ DGX Spark's hours against an H200's (decode.md) and the reward's share of a meas
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pandas as pd
 
@@ -180,3 +180,35 @@ def reward_share_rows(results: list[Result]) -> list[str]:
         "",
         frames.markdown(pd.DataFrame(rows), numeric=("reward s/step", "step s", "reward share")),
     ]
+
+
+def _changed(levers: Levers, base: Levers) -> str:
+    """The levers that differ from ``base``, as ``name=value``; "baseline" where none does."""
+    changed = [
+        f"{f.name}={getattr(levers, f.name)}"
+        for f in fields(Levers)
+        if getattr(levers, f.name) != getattr(base, f.name)
+    ]
+    return ", ".join(changed) or "baseline"
+
+
+def steps_table(results: list[Result]) -> str:
+    """The newest full GRPO run of each hardware class and shape: a row per configuration that ran (named by
+    the levers it changes from the run's first), its median step, the rollout's share of it, its peak."""
+    configurations = frames.configurations([r for r in results if not r.quick])
+    if configurations.empty:
+        return "No GRPO result yet.\n"
+    newest = configurations.groupby(["hardware", "shape"]).file.transform("max")
+    ran = configurations[(configurations.file == newest) & (configurations.status == "ok")]
+    first = configurations[configurations.number == 1].set_index("file").levers
+    rows = [
+        {
+            "file": row.file,
+            "levers": _changed(row.levers, first[row.file]),
+            "s/step": f"{row.step_s:.2f}",
+            "rollout": f"{row.rollout_share:.0%}",
+            "peak GiB": f"{row.peak_bytes / 2**30:.2f}",
+        }
+        for row in ran.itertuples()
+    ]
+    return frames.markdown(pd.DataFrame(rows), numeric=("s/step", "rollout", "peak GiB")) + "\n"
