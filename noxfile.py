@@ -79,7 +79,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks", "bench", *session.posargs)
 
 
-# The context search's contenders (DESIGN.md, "Stacks that conflict"): each unmodified in
+# The context search's contenders (docs/decode-and-context.md): each unmodified in
 # its own venv, sharing only this package's harness. TRL 1.16 is the `context` session's own.
 # Every stack gets the same transformers (Unsloth 2026.10.9's ceiling), so that only the loss differs.
 SAME_TRANSFORMERS = "transformers==5.17.0"

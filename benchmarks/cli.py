@@ -121,7 +121,7 @@ def print_rewards_summary(path: Path) -> None:
         print(f"target: {target.claim} (>= {target.minimum_ratio:g}x): {verdict}")
 
 
-# What `estimate` assumes where --levers leaves it: the seed's workload (one prompt's 8 generations of
+# What `estimate` assumes where --levers leaves it: the guide's workload (one prompt's 8 generations of
 # 1024 tokens a rank), not the harness's small defaults.
 ESTIMATE_BASE = {"num_generations": 8, "per_device_train_batch_size": 8, "max_completion_length": 1024}
 

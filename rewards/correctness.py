@@ -14,8 +14,8 @@ from jsonschema.validators import validator_for
 
 from ._completions import completion_texts, per_example
 
-ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)  # the seed's pattern, compiled once
-EXACT_MATCH_REWARD = 2.0  # the seed library's value, kept so existing reward weights still hold
+ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)  # the guide's pattern, compiled once
+EXACT_MATCH_REWARD = 2.0  # the guide's value, kept so existing reward weights still hold
 
 
 def correctness_reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs: Any) -> list[float | None]:

@@ -128,7 +128,7 @@ def test_execution_reward(
     timeout_s: float = 10,
     **kwargs: Any,
 ) -> list[float | None]:
-    """The seed library's signature: 1.0 if the completion passes its ``test_code``, else 0.0.
+    """The guide's signature: 1.0 if the completion passes its ``test_code``, else 0.0.
 
     ``sandbox_cmd``: a command prefix for a boundary of your own (``["docker", "run", "-i",
     "--rm", "--network=none", "python:3.12-slim"]``); ``None`` uses bubblewrap. Without a

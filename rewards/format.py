@@ -12,7 +12,7 @@ REASONING, REASONING_END, ANSWER, ANSWER_END = "<reasoning>", "</reasoning>", "<
 
 def reasoning_then_answer(text: str) -> bool:
     """Whether ``text.strip()`` matches ``^<reasoning>.*?</reasoning>\\s*<answer>.*?</answer>$``
-    (DOTALL), the seed's pattern, decided with ``str.find`` instead of a regex scan: the same
+    (DOTALL), the guide's pattern, decided with ``str.find`` instead of a regex scan: the same
     answers (a test checks them against the regex), several times faster on long completions.
     """
     text = text.strip()

@@ -75,7 +75,7 @@ class AsyncRubricJudgeReward(RubricJudgeReward):
 
 
 def make_rubric_judge_reward(judge_client: Any, rubric: str) -> RubricJudgeReward:
-    """The seed's factory: a TRL reward function bound to ``judge_client`` and ``rubric``.
+    """The guide's factory: a TRL reward function bound to ``judge_client`` and ``rubric``.
 
     >>> class AlwaysPass:
     ...     def judge(self, rubric, prompt, response, output_format):

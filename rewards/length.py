@@ -13,7 +13,7 @@ class LengthPenalty:
 
     The penalty only eats into the positive part of a reward: a positive reward falls at
     most to 0.0, and a reward at or below 0.0 (or ``None``) is returned unchanged, so the
-    penalty never raises a negative reward (the seed's ``min(reward, overflow * p)`` did).
+    penalty never raises a negative reward (the guide's ``min(reward, overflow * p)`` did).
     Tokens are counted with ``tokenizer`` (a Hugging Face tokenizer, special tokens
     excluded) when given, else as whitespace-separated words.
     """

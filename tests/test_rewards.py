@@ -125,7 +125,7 @@ def constant(value):
         (2.0, 3, 2.0),  # at target: no penalty
         (2.0, 13, 1.0),  # 10 tokens over at 0.1 each
         (0.5, 103, 0.0),  # the penalty floors a positive reward at 0.0
-        (-1.0, 103, -1.0),  # a negative reward is never raised (the seed's defect)
+        (-1.0, 103, -1.0),  # a negative reward is never raised (the guide's defect)
         (0.0, 103, 0.0),  # zero stays zero
         (None, 103, None),  # a skipped example stays skipped
     ],

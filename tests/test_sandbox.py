@@ -244,7 +244,7 @@ def test_seed_signature_and_async_form(sandbox):
 @pytest.mark.sandbox
 def test_a_command_prefix_boundary_gets_the_job_on_stdin(sandbox):
     """A user-given prefix (here bubblewrap spelled out by hand) sees the candidate and tests
-    without any shared path: they travel on stdin, unlike the seed's Docker example."""
+    without any shared path: they travel on stdin, unlike the guide's Docker example."""
     prefix = [find_bwrap(), "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--tmpfs", "/tmp"]
     for path in dict.fromkeys((sys.prefix, sys.base_prefix)):  # the interpreter, where /tmp's tmpfs hid it
         prefix += ["--ro-bind", path, path]

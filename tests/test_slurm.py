@@ -1,5 +1,5 @@
 """The Slurm path against a real one-machine Slurm: Debian's slurmctld and slurmd with munge, started
-here in a temporary directory and stopped after (DESIGN.md, "Clusters"). Needs root and the packages
+here in a temporary directory and stopped after (docs/many-gpus.md). Needs root and the packages
 (`apt-get install slurmctld slurmd slurm-client munge`, ~15 s); skipped with the reason without them."""
 
 import dataclasses

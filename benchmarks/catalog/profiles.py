@@ -44,7 +44,7 @@ class RewardsBench:
 @dataclass(frozen=True)
 class Hardware:
     name: str
-    size_class: str  # the seed's grouping: 24gb, a100, h100, h200, b200, spark, cpu
+    size_class: str  # the guide's grouping: 24gb, a100, h100, h200, b200, spark, cpu
     memory_gib: float  # what the driver exposes, in GiB (0: not known in advance, the device's own)
     memory_source: str
     datasheet_memory: str | None = None  # the datasheet's words, quoted (decimal GB, rounded)
@@ -101,7 +101,7 @@ class Levers:
     vllm_server_tensor_parallel_size: int = 1
     vllm_server_data_parallel_size: int = 1
     # The reward the step runs (TRL's reward_funcs): synthetic (a cheap hash with spread), format-exact (the
-    # seed's format gate and exact match), schema (JSON Schema validation), execution (sandboxed unit tests)
+    # guide's format gate and exact match), schema (JSON Schema validation), execution (sandboxed unit tests)
     reward: str = "synthetic"
 
     @classmethod

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The seed's size-class questions on one H200, as one command within 9 minutes. Its parts run in this
+# The guide's size-class questions on one H200, as one command within 9 minutes. Its parts run in this
 # order, each under `timeout` at its own budget (PLAN below), each writing its result file as it measures,
 # so that a part cut at its budget loses at most what it had in progress and the next part still runs:
 #

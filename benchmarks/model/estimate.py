@@ -1,7 +1,7 @@
 """The analytic memory model: predicted bytes per term of one GRPO step, per phase.
 
-Every term is counted from the shape, the levers and the code that allocates it (DESIGN.md,
-"GRPO memory"); where a constant comes from a measurement on a named machine or from a
+Every term is counted from the shape, the levers and the code that allocates it (docs/model.md);
+where a constant comes from a measurement on a named machine or from a
 library's source, the comment says which. ``python -m benchmarks estimate`` prints the
 breakdown for any shape, lever set, lengths and hardware class.
 

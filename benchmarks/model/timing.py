@@ -264,7 +264,7 @@ def step_time(
 # GPU classes: peaks times these efficiencies, each an assumption with its source until a run replaces it.
 TRAINING_MFU = 0.40  # dense training MFU on H100 BF16, 40-46% for 7B-70B (MosaicML llm-foundry throughput tables)
 DECODE_MBU = 0.70  # decode at 60-85% of peak bandwidth in good inference stacks (Databricks' MBU)
-EAGER_LAYER_PASS_S = 20 * 7.5e-6  # eager: ~20 kernels a layer at 5-10 us a launch (DESIGN's launch-bound decode)
+EAGER_LAYER_PASS_S = 20 * 7.5e-6  # eager: ~20 kernels a layer at 5-10 us a launch (launch-bound eager decode)
 EAGER_ADAPTER_PASS_S = 4 * 7.5e-6  # a LoRA adapter: dropout, two matmuls, a scaled add
 # vLLM replays CUDA graphs; its scheduler and sampler still take a few milliseconds a decode step (assumed,
 # not measured by this suite yet: a GPU run's decode rows replace it)

@@ -13,7 +13,7 @@ from benchmarks.results.schema import ContextFile, DecodeFile, Rank, Result, Rew
 
 
 def size_class(hardware: str) -> str:
-    """The seed's grouping of a hardware class (an unknown class stands for itself)."""
+    """The guide's grouping of a hardware class (an unknown class stands for itself)."""
     catalog = load_hardware()
     return catalog[hardware].size_class if hardware in catalog else hardware
 

@@ -4,13 +4,13 @@
 
 Reads every result file under ``results/runs/<hardware>/`` and writes, under ``results/tables/``:
 
-- ``sizing.md``: the seed's "Memory Anchors by Size Class": per size class, the smallest hardware
+- ``sizing.md``: the guide's "Memory Anchors by Size Class": per size class, the smallest hardware
   class and lever set that fits, and the lightest lever set per hardware class; a cell is
   *measured* (a GRPO result file on that class ran that size class: the file and its date) or
   *predicted* (the analytic model, ``benchmarks.model.estimate``);
 - ``decode.md``: rollout seconds of one GRPO step per size class and hardware class;
 - ``context.md``: the max-context search per contender, with its verdict;
-- ``rewards.md``: reward throughput against the seed's code;
+- ``rewards.md``: reward throughput against the guide's code;
 - ``model.md``: the analytic model against every measured configuration, per phase.
 
 ``--doc FILE`` rewrites each table inside a markdown document between ``<!-- grpo-bench:NAME -->``
@@ -35,10 +35,10 @@ from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFi
 from benchmarks.run import context
 
 TABLES = ("sizing", "steps", "decode", "context", "rewards", "model", "distributed")
-SEED_ANCHORS = ("24gb", "h200", "b200")  # the classes the seed's table names: always shown
+SEED_ANCHORS = ("24gb", "h200", "b200")  # the classes the guide's table names: always shown
 CLASS_NAMES = {"24gb": "24GB-class", "a100": "A100-class", "h100": "H100-class", "h200": "H200-class"}
 CLASS_NAMES |= {"b200": "B200-class", "spark": "DGX Spark", "cpu": "CPU only", "gpu": "other GPUs"}
-# The seed's residency: policy, reference model (the KL term) and a colocated vLLM engine; one
+# The guide's residency: policy, reference model (the KL term) and a colocated vLLM engine; one
 # prompt's 8 generations of 1024 tokens after a 256-token prompt, bf16.
 SIZING_DTYPE = "bfloat16"
 SIZING_WORKLOAD = Workload(completions=8, prompt_tokens=256, completion_tokens=1024)
@@ -64,7 +64,7 @@ LADDER = (
         {"model": "qlora", "gradient_checkpointing": True, "vllm_enable_sleep_mode": True},
     ),
 )
-# What the seed's "Memory Anchors by Size Class" says, per size class, beside what this suite finds.
+# What the guide's "Memory Anchors by Size Class" says, per size class, beside what this suite finds.
 SEED_SAYS = {
     "0.5b": "24GB-class, with vLLM sleep + 8-bit AdamW + checkpointing together",
     "1.5b": "24GB-class, with vLLM sleep + 8-bit AdamW + checkpointing together",
@@ -179,8 +179,8 @@ def _predicted_text(size: str, size_class: str, hardware: Hardware, every: list[
 
 
 def sizing_table(results: list[Result], every: list[Result] | None = None) -> str:
-    """The seed's "Memory Anchors by Size Class": a frame of cells (size class x hardware class, each
-    measured or predicted, with the step's seconds), pivoted, beside what the seed says and the smallest class
+    """The guide's "Memory Anchors by Size Class": a frame of cells (size class x hardware class, each
+    measured or predicted, with the step's seconds), pivoted, beside what the guide says and the smallest class
     that fits. ``every``: all results (the time model's fitted run among them), default ``results``."""
     catalog, shapes = load_hardware(), load_shapes()
     every = results if every is None else every
@@ -215,14 +215,14 @@ def sizing_table(results: list[Result], every: list[Result] | None = None) -> st
     ).set_index("size")
     smallest = [gpu_fits.at[s, "named"] if s in gpu_fits.index else "none of these classes" for s in sizes]
     table.insert(0, "Feasible with (smallest class that fits)", smallest)
-    table.insert(0, "The seed says", [SEED_SAYS.get(s, "(not in its table)") for s in sizes])
+    table.insert(0, "The guide says", [SEED_SAYS.get(s, "(not in its table)") for s in sizes])
     table.insert(0, "Size class", [f"{s} ({shapes[s].param_count() / 1e9:.1f}B)" for s in sizes])
     notes = [
         "",
         f"Predicted cells: the analytic model (`python -m benchmarks estimate`) for one GRPO step of "
         f"{SIZING_WORKLOAD.completions} completions x {SIZING_WORKLOAD.completion_tokens} tokens after "
         f"{SIZING_WORKLOAD.prompt_tokens}-token prompts, {SIZING_DTYPE}, a reference model (beta 0.04) and a "
-        "colocated vLLM engine sized to the rollout (the seed's three-way residency); the first lever set that "
+        "colocated vLLM engine sized to the rollout (the guide's three-way residency); the first lever set that "
         "fits, in the order: " + "; ".join(label for label, _ in LADDER) + ".",
         "Each cell is the fewest GPUs of its class that fit (1, 2, 4, 8, then 8-GPU machines: "
         f"{', '.join(map(str, GPU_COUNTS))}), then the lightest lever set; on many GPUs the model states are "
@@ -406,8 +406,8 @@ def _ratio(row: dict[str, float | None], reference: str) -> str:
 
 
 def rewards_table(results: list[Result]) -> str:
-    """Per reward of ours: the largest batch compared with the seed's code (else the largest batch),
-    its completions/s beside the seed's."""
+    """Per reward of ours: the largest batch compared with the guide's code (else the largest batch),
+    its completions/s beside the guide's."""
     newest = {r.hardware: r for r in results if isinstance(r.record, RewardsFile)}
     if not newest:
         return "No reward result yet.\n"
@@ -433,12 +433,12 @@ def rewards_table(results: list[Result]) -> str:
                     "batch": str(row.batch),
                     "words": str(row.words),
                     "completions/s": f"{row.completions_per_s:,.0f}",
-                    "seed's code": f"{seed_rate:,.0f}" if seed_rate else "",
+                    "guide's code": f"{seed_rate:,.0f}" if seed_rate else "",
                     "ratio": f"{row.completions_per_s / seed_rate:.1f}x" if seed_rate else "",
                     "file": result.path,
                 }
             )
-    table = frames.markdown(pd.DataFrame(rows), numeric=("batch", "words", "completions/s", "seed's code", "ratio"))
+    table = frames.markdown(pd.DataFrame(rows), numeric=("batch", "words", "completions/s", "guide's code", "ratio"))
     return "\n".join([table, "", *time_tables.reward_share_rows(results)]) + "\n"
 
 

@@ -660,7 +660,7 @@ class BenchmarkRow:
 
 @dataclass(kw_only=True)
 class Comparison:
-    """Our row over the seed's on the same case: the ratio of completions/s, and the rows' noise."""
+    """Our row over the guide's on the same case: the ratio of completions/s, and the rows' noise."""
 
     row: str
     ratio: float
@@ -682,7 +682,7 @@ class RewardTarget:
 @dataclass(kw_only=True)
 class RewardsBlock:
     """The suite's block inside pytest-benchmark's file: schema, class, profile, versions, sandbox,
-    skipped rows with their reasons, targets against the seed's code."""
+    skipped rows with their reasons, targets against the guide's code."""
 
     schema_version: int
     kind: str

@@ -1,9 +1,9 @@
-"""Reward-function throughput at GRPO burst sizes: ours against the seed's code and TRL's.
+"""Reward-function throughput at GRPO burst sizes: ours against the guide's code and TRL's.
 
 Rows: every reward x batch size x completion length x completion format, from the
-profile's ``[rewards]`` table. Reference rows run the same inputs: the seed library
+profile's ``[rewards]`` table. Reference rows run the same inputs: the guide's library
 (``benchmarks/rewardbench/seed_rewards.py``; on conversational completions it is given
-``completion[0]["content"]``, as the seed says to do) and TRL's ``think_format_reward`` and
+``completion[0]["content"]``, as the guide says to do) and TRL's ``think_format_reward`` and
 ``accuracy_reward`` (which take conversational completions only). The rubric judge's
 client is an in-process stub, so its rows measure the reward's own overhead, not a model.
 """
@@ -26,7 +26,7 @@ from rewards.sandbox import Bubblewrap, default_sandbox
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Rows that are compared run back to back (ours, then the seed's, on the same inputs), so
+    """Rows that are compared run back to back (ours, then the guide's, on the same inputs), so
     that the machine's drift over the session does not fall between them."""
     settings = load_profile(metafunc.config).rewards
     inputs = [(b, w, f) for b in settings.batch_sizes for w in settings.words for f in settings.formats]
@@ -41,7 +41,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     elif "exec_batch" in metafunc.fixturenames:
         # A completion's execution costs one sandboxed interpreter whatever its length or format (the
         # code is padded with a docstring; the format only changes how it is extracted): one row per
-        # batch, at the shortest completions as plain strings, and the seed's at its one batch.
+        # batch, at the shortest completions as plain strings, and the guide's at its one batch.
         words, fmt = min(settings.words), "str"
         batches = dict.fromkeys([*settings.batch_sizes, settings.seed_execution_batch])
         params = [
@@ -86,7 +86,7 @@ def sandbox() -> Bubblewrap:
 def test_execution_throughput(
     benchmark: Any, bench_profile: Any, sandbox: Bubblewrap, implementation: str, exec_batch: int, words: int, fmt: str
 ) -> None:
-    """Completions/s and per-completion latency of the execution reward, ours or the seed's design."""
+    """Completions/s and per-completion latency of the execution reward, ours or the guide's design."""
     settings = bench_profile.rewards
     inputs = reward_inputs.build("code", exec_batch, words, fmt)
     _describe(benchmark, "test_execution_reward", implementation, exec_batch, words, fmt)
@@ -125,8 +125,8 @@ class HostUidBubblewrap(Bubblewrap):
 
 
 def _seed_execution(benchmark: Any, settings: Any, inputs: Any) -> tuple[list, list, dict]:
-    """The seed's design: serial, one ``python -m pytest`` per completion, in the same bubblewrap
-    (same namespaces, mounts and rlimits; the seed's files are written by the host into a 0700
+    """The guide's design: serial, one ``python -m pytest`` per completion, in the same bubblewrap
+    (same namespaces, mounts and rlimits; the guide's files are written by the host into a 0700
     temporary directory, so pytest runs as the host uid inside instead of a dropped one)."""
     work_root = tempfile.mkdtemp(prefix="grpo-bench-seed-", dir="/var/tmp")
     seed_rewards.SEED_WORK_ROOT = work_root

@@ -1,4 +1,4 @@
-"""The reward benchmark's rows: every reward of ours beside the seed's code and TRL's own, and the
+"""The reward benchmark's rows: every reward of ours beside the guide's code and TRL's own, and the
 rows that cannot run with the reason; and the profile the pytest options name."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class StubJudge:
 
 
 def _seed_on_texts(fn: Callable) -> Callable:
-    """The seed's functions take strings; on conversational input, extract content first (as the seed says)."""
+    """The guide's functions take strings; on conversational input, extract content first (as the guide says)."""
 
     def call(completions: list, **kwargs: Any) -> list:
         if completions and not isinstance(completions[0], str):

@@ -3,7 +3,7 @@
 ``pytest benchmarks/rewardbench/bench_rewards.py --grpo-profile cpu [--grpo-quick] --benchmark-json F``
 is what ``python -m benchmarks bench`` runs. The JSON gains a ``grpo_bench`` block: schema
 version, resolved profile, library versions, sandbox, skipped rows with their reasons, and
-the targets measured against the seed's baselines.
+the targets measured against the guide's baselines.
 """
 
 from __future__ import annotations

