@@ -364,3 +364,47 @@ def test_a_fork_of_a_worker_counts_only_its_own_pages_not_its_parent_s_again(tmp
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
+
+
+NEW_CLASS = """
+["rtx-pro-6000"]
+name = "NVIDIA RTX PRO 6000 Blackwell"
+size_class = "rtx-pro"
+memory_gib = 94.97
+memory_source = "a class made up for this test"
+spec_bandwidth_gb_s = 1792.0
+bandwidth_source = "a class made up for this test"
+peak_bf16_tflops = 500.0
+flops_source = "a class made up for this test"
+host_link_gb_s = 50.0
+link_source = "a class made up for this test"
+device_names = ["RTX PRO 6000"]
+profile = "gpu"
+"""
+
+
+@pytest.fixture
+def catalog_with_a_new_class(tmp_path, monkeypatch):
+    """profiles/ copied, with one hardware class more in hardware.toml: nothing else changed."""
+    for path in profile.PROFILES_DIR.glob("*.toml"):
+        (tmp_path / path.name).write_text(path.read_text())
+    (tmp_path / "hardware.toml").write_text((tmp_path / "hardware.toml").read_text() + NEW_CLASS)
+    monkeypatch.setattr(profile, "PROFILES_DIR", tmp_path)
+    profile.load_hardware.cache_clear()
+    yield
+    monkeypatch.undo()
+    profile.load_hardware.cache_clear()
+
+
+def test_a_new_hardware_class_is_one_catalog_entry(catalog_with_a_new_class, capsys):
+    assert devices.classify("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 94.97) == ("gpu", "rtx-pro-6000")
+    assert profile.load("gpu", hardware="rtx-pro-6000").hardware == "rtx-pro-6000"
+    cli.main(["estimate", "--shape", "8b", "--hardware", "rtx-pro-6000", "--levers", "model=lora"])
+    out = capsys.readouterr().out
+    assert "NVIDIA RTX PRO 6000 Blackwell (94.97 GiB each)" in out and "time per step, per GPU" in out
+
+
+def test_every_catalogued_class_names_a_profile_that_runs_on_it():
+    for name, hardware in profile.load_hardware().items():
+        if hardware.profile:
+            assert profile.load(hardware.profile, hardware=name).hardware == name

@@ -58,6 +58,10 @@ class Hardware:
     host_link_gb_s: float | None = None  # device <-> host, one direction
     gpu_link_gb_s: float | None = None  # GPU <-> GPU in one machine, one direction (None: through the host link)
     link_source: str | None = None
+    # Detection (benchmarks.run.devices.classify): words of a CUDA device's name that make it this class (the
+    # closest memory wins among classes sharing one), and the profile such a machine runs by default
+    device_names: tuple[str, ...] = ()
+    profile: str | None = None
 
 
 @dataclass(frozen=True)

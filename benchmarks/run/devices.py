@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.catalog.profiles import load_hardware
 from benchmarks.results import schema
 
 GIB = 2**30
@@ -98,27 +99,19 @@ def visible_gpus(nvml: Any = None) -> list[schema.Gpu]:
     return visible(describe(load_nvml() if nvml is None else nvml))
 
 
-# (pattern in the device name, profile, hardware class of profiles/hardware.toml); first match wins.
-DEVICE_CLASSES = (
-    ("H200", "h200", "h200"),
-    ("B200", "b200", "b200"),
-    ("GB10", "spark", "spark"),
-    ("RTX 4090", "24gb", "rtx4090"),
-    ("L4", "24gb", "l4"),
-    ("A10G", "24gb", "a10g"),
-    ("H100", "gpu", "h100"),
-    ("A100", "gpu", "a100"),
-)
-
-
 def classify(name: str, memory_gib: float) -> tuple[str, str]:
-    """(profile, hardware class) for a CUDA device: by name; else a 24 GB card's profile, or the
-    ``gpu`` profile, on the generic ``gpu`` class (its memory: the device's own, in the result file)."""
-    for pattern, profile, hardware in DEVICE_CLASSES:
-        if re.search(rf"\b{re.escape(pattern)}\b", name):
-            if hardware == "a100":
-                hardware = "a100-80" if memory_gib > 60 else "a100-40"
-            return profile, hardware
+    """(profile, hardware class) for a CUDA device: the class of ``profiles/hardware.toml`` whose
+    ``device_names`` has a word of ``name`` (the closest memory among several), and its profile; else a
+    24 GB card's profile, or the ``gpu`` profile, on the generic ``gpu`` class (its memory: the device's own,
+    in the result file)."""
+    named = [
+        (key, hardware)
+        for key, hardware in load_hardware().items()
+        if any(re.search(rf"\b{re.escape(word)}\b", name) for word in hardware.device_names)
+    ]
+    if named:
+        key, hardware = min(named, key=lambda item: abs(item[1].memory_gib - memory_gib))
+        return hardware.profile or "gpu", key
     if 20 <= memory_gib <= 26:
         return "24gb", "gpu"
     return "gpu", "gpu"
