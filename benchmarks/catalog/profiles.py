@@ -64,49 +64,152 @@ class Hardware:
     profile: str | None = None
 
 
+FORMATS = ("str", "conversational")
+SEARCHES = ("guided", "doubling")  # the context search's ways to its bracket
+PARTS = ("rewards", "decode", "grpo", "distributed")
+GRPO_PARTS = ("grpo", "distributed")  # parts that run GRPO configurations
+DTYPES = ("float32", "bfloat16", "float16")
+WEIGHTS = ("saved", "on-device")  # benchmarks.run.models.materialise
+# transformers generate eager; with a static KV cache and CUDA graphs; vLLM
+DECODE_ENGINES = ("transformers", "transformers-graphs", "vllm")
+MODELS = ("full", "lora", "qlora")
+STEP_REWARDS = ("synthetic", "format-exact", "schema", "execution")  # worker.step_rewards
+VLLM_MODES = ("colocate", "server")
+DISTRIBUTED_TYPES = ("no", "ddp", "zero1", "zero2", "zero3", "fsdp2")
+OFFLOAD_DEVICES = ("none", "cpu")
+# TRL passes `optim` to transformers: the values of transformers.training_args.OptimizerNames
+# (transformers 5.17; tests/test_profiles.py checks this list against the installed enum).
+OPTIMIZERS = (
+    "adamw_torch", "adamw_torch_fused", "adamw_torch_xla", "adamw_torch_npu_fused", "adafactor", "adamw_anyprecision",
+    "adamw_torch_4bit", "adamw_torch_8bit", "ademamix", "sgd", "adagrad", "adamw_bnb_8bit", "adamw_8bit",
+    "ademamix_8bit", "lion_8bit", "lion_32bit", "paged_adamw_32bit", "paged_adamw_8bit", "paged_ademamix_32bit",
+    "paged_ademamix_8bit", "paged_lion_32bit", "paged_lion_8bit", "rmsprop", "rmsprop_bnb", "rmsprop_bnb_8bit",
+    "rmsprop_bnb_32bit", "galore_adamw", "galore_adamw_8bit", "galore_adafactor", "galore_adamw_layerwise",
+    "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise", "lomo", "adalomo", "grokadamw",
+    "schedule_free_radam", "schedule_free_adamw", "schedule_free_sgd", "apollo_adamw", "apollo_adamw_layerwise",
+    "stable_adamw",
+)  # fmt: skip
+# Where a lever goes: a field of TRL's GRPOConfig (passed as is), how the policy is loaded, the launcher's
+# config (accelerate, DeepSpeed), `trl vllm-serve`'s arguments, or GRPOTrainer's reward_funcs.
+GRPO_CONFIG, MODEL_LOADING, LAUNCHER, SERVER, TRAINER = "GRPOConfig", "model loading", "launcher", "server", "trainer"
+LEVER_KINDS = (GRPO_CONFIG, MODEL_LOADING, LAUNCHER, SERVER, TRAINER)
+
+
+def lever(default: Any, kind: str, help: str, allowed: Any = None, meaning: str = "") -> Any:
+    """A lever declared once: its default, where it goes (``kind``), one line of help, and the values it
+    may take (a tuple, or a test with ``meaning`` saying what it wants; None: any of its type)."""
+    return dataclasses.field(
+        default=default, metadata={"kind": kind, "help": help, "allowed": allowed, "meaning": meaning}
+    )
+
+
+def positive(v: Any) -> bool:
+    return v > 0
+
+
 @dataclass(frozen=True)
 class Levers:
-    """One GRPO configuration: TRL ``GRPOConfig`` field names (copy a row straight into a
-    trainer), plus how the policy is loaded (``model``: full, lora or qlora; ``lora_r``)."""
+    """One GRPO configuration, each lever declared once (``lever``): TRL ``GRPOConfig`` field names (copy a
+    row straight into a trainer), how the policy is loaded, how many ranks and machines, the server's shape
+    and the reward the step runs."""
 
-    optim: str = "adamw_torch"  # adamw_8bit: bitsandbytes 8-bit states, ~2 B/param instead of 8
-    gradient_checkpointing: bool = False  # True: recompute activations in backward, ~2·s·b·h per layer kept
-    use_vllm: bool = False  # False: rollouts with transformers generate
-    vllm_mode: str = "colocate"  # colocate: the engine shares the device; server: `trl vllm-serve`
-    vllm_enable_sleep_mode: bool = False  # True: engine weights and KV cache released between rollouts (CUDA)
-    vllm_gpu_memory_utilization: float = 0.3  # the engine's share of device memory (of RAM on CPU)
-    # The engine's context, which sizes the KV cache it reserves: unset, the harness passes the
-    # workload's prompt + completion (+ 8 for special tokens) instead of letting vLLM reserve for the
-    # shape's whole context (131,072 tokens on the Llama shapes).
-    vllm_max_model_length: int | None = None
-    beta: float = 0.0  # > 0 without PEFT: a reference copy of the weights for the KL term
-    num_generations: int = 4  # completions per prompt
-    per_device_train_batch_size: int = 4  # completions in one forward and backward on this device (the micro-batch)
-    # micro-batches per optimizer step; TRL generates all of them in one rollout (steps_per_generation)
-    gradient_accumulation_steps: int = 1
-    max_completion_length: int = 32  # every completion is exactly this long (EOS ignored)
-    learning_rate: float = 1e-6
-    model: str = "full"  # full fine-tuning, lora (bf16/fp32 base + adapters), qlora (4-bit base, CUDA)
-    lora_r: int = 16
-    # Many ranks, named as accelerate names them: ranks per machine and machines, launched with
-    # `accelerate launch` from a config generated from these levers (TRL's shipped configs first).
-    num_processes: int = 1
-    num_machines: int = 1
-    # no (one process), ddp, zero1/zero2/zero3 (DeepSpeed: optimizer states, + gradients, + parameters
-    # partitioned over the ranks), fsdp2 (PyTorch's fully_shard)
-    distributed_type: str = "no"
-    offload_optimizer_device: str = "none"  # cpu: ZeRO keeps optimizer states (and the fp32 master) in host memory
-    offload_param_device: str = "none"  # cpu: ZeRO-3 keeps parameter partitions in host memory
-    # ZeRO-3: False generates from the partitioned weights instead of gathering the whole model for the
-    # rollout (TRL's "reducing memory usage"; slower generation)
-    ds3_gather_for_generation: bool = True
-    vllm_tensor_parallel_size: int = 1  # colocate: the engine split over this many of the trainer's ranks
-    # Server mode: `trl vllm-serve --tensor_parallel_size T --data_parallel_size D` on T x D GPUs of its own
-    vllm_server_tensor_parallel_size: int = 1
-    vllm_server_data_parallel_size: int = 1
-    # The reward the step runs (TRL's reward_funcs): synthetic (a cheap hash with spread), format-exact (the
-    # guide's format gate and exact match), schema (JSON Schema validation), execution (sandboxed unit tests)
-    reward: str = "synthetic"
+    optim: str = lever(
+        "adamw_torch",
+        GRPO_CONFIG,
+        "adamw_8bit: bitsandbytes 8-bit states, ~2 B/param instead of 8",
+        OPTIMIZERS,
+        "one of TRL's optimizers (transformers OptimizerNames)",
+    )
+    gradient_checkpointing: bool = lever(False, GRPO_CONFIG, "True: recompute activations in backward")
+    use_vllm: bool = lever(False, GRPO_CONFIG, "False: rollouts with transformers generate")
+    vllm_mode: str = lever(
+        "colocate",
+        GRPO_CONFIG,
+        "colocate: the engine shares the device; server: `trl vllm-serve`",
+        VLLM_MODES,
+        "one of colocate, server",
+    )
+    vllm_enable_sleep_mode: bool = lever(
+        False, GRPO_CONFIG, "True: engine weights and KV cache released between rollouts (CUDA)"
+    )
+    vllm_gpu_memory_utilization: float = lever(
+        0.3,
+        GRPO_CONFIG,
+        "the engine's share of device memory (of RAM on CPU)",
+        lambda v: 0 < v <= 1,
+        "a fraction in (0, 1]",
+    )
+    vllm_max_model_length: int | None = lever(
+        None,
+        GRPO_CONFIG,
+        "the engine's context (unset: the workload's prompt + completion + 8)",
+        lambda v: v is None or v > 0,
+        "positive",
+    )
+    beta: float = lever(
+        0.0, GRPO_CONFIG, "> 0 without PEFT: a reference copy of the weights", lambda v: v >= 0, "at least 0"
+    )
+    num_generations: int = lever(
+        4,
+        GRPO_CONFIG,
+        "completions per prompt",
+        lambda v: v >= 2,
+        "at least 2 (GRPO's advantages compare completions of one prompt)",
+    )
+    per_device_train_batch_size: int = lever(
+        4, GRPO_CONFIG, "completions in one forward and backward on this device", positive, "positive"
+    )
+    gradient_accumulation_steps: int = lever(
+        1, GRPO_CONFIG, "micro-batches per optimizer step, all generated in one rollout", positive, "positive"
+    )
+    max_completion_length: int = lever(32, GRPO_CONFIG, "every completion is exactly this long", positive, "positive")
+    learning_rate: float = lever(1e-6, GRPO_CONFIG, "the optimizer's learning rate", positive, "positive")
+    model: str = lever(
+        "full",
+        MODEL_LOADING,
+        "full fine-tuning, lora (adapters over the base) or qlora (4-bit base, CUDA)",
+        MODELS,
+        "one of full, lora, qlora",
+    )
+    lora_r: int = lever(16, MODEL_LOADING, "LoRA's rank, on every linear", positive, "positive")
+    num_processes: int = lever(1, LAUNCHER, "ranks per machine (accelerate's num_processes)", positive, "positive")
+    num_machines: int = lever(1, LAUNCHER, "machines (accelerate's num_machines)", positive, "positive")
+    distributed_type: str = lever(
+        "no",
+        LAUNCHER,
+        "no (one process), ddp, zero1/2/3 (DeepSpeed), fsdp2 (PyTorch's fully_shard)",
+        DISTRIBUTED_TYPES,
+        "one of " + ", ".join(DISTRIBUTED_TYPES),
+    )
+    offload_optimizer_device: str = lever(
+        "none",
+        LAUNCHER,
+        "cpu: ZeRO keeps optimizer states and the fp32 master in host memory",
+        OFFLOAD_DEVICES,
+        "one of none, cpu",
+    )
+    offload_param_device: str = lever(
+        "none", LAUNCHER, "cpu: ZeRO-3 keeps parameter partitions in host memory", OFFLOAD_DEVICES, "one of none, cpu"
+    )
+    ds3_gather_for_generation: bool = lever(
+        True, GRPO_CONFIG, "ZeRO-3, False: generate from the partitioned weights (less memory, slower)"
+    )
+    vllm_tensor_parallel_size: int = lever(
+        1, GRPO_CONFIG, "colocate: the engine split over this many of the trainer's ranks", positive, "positive"
+    )
+    vllm_server_tensor_parallel_size: int = lever(
+        1, SERVER, "`trl vllm-serve --tensor_parallel_size`", positive, "positive"
+    )
+    vllm_server_data_parallel_size: int = lever(
+        1, SERVER, "`trl vllm-serve --data_parallel_size`", positive, "positive"
+    )
+    reward: str = lever(
+        "synthetic",
+        TRAINER,
+        "the step's reward: synthetic (a cheap hash), format-exact, schema, execution (sandboxed unit tests)",
+        STEP_REWARDS,
+        "one of " + ", ".join(STEP_REWARDS),
+    )
 
     @classmethod
     def recorded(cls, table: dict[str, Any]) -> Levers:
@@ -118,6 +221,22 @@ class Levers:
     @property
     def world_size(self) -> int:
         return self.num_processes * self.num_machines
+
+    def of_kind(self, kind: str) -> dict[str, Any]:
+        """The levers that go to ``kind`` (``GRPO_CONFIG``: the trainer's config), by name."""
+        return {name: getattr(self, name) for name in levers_of_kind(kind)}
+
+
+def levers_of_kind(kind: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(Levers) if f.metadata["kind"] == kind)
+
+
+# Each lever's allowed values, checked on load wherever a lever is given (profiles, estimate --levers).
+LEVER_VALUES: dict[str, tuple[Any, str]] = {
+    f.name: (f.metadata["allowed"], f.metadata["meaning"])
+    for f in dataclasses.fields(Levers)
+    if f.metadata["allowed"] is not None
+}
 
 
 @dataclass(frozen=True)
@@ -203,57 +322,6 @@ class Profile:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-FORMATS = ("str", "conversational")
-SEARCHES = ("guided", "doubling")  # the context search's ways to its bracket
-PARTS = ("rewards", "decode", "grpo", "distributed")
-GRPO_PARTS = ("grpo", "distributed")  # parts that run GRPO configurations
-DTYPES = ("float32", "bfloat16", "float16")
-WEIGHTS = ("saved", "on-device")  # benchmarks.run.models.materialise
-# transformers generate eager; with a static KV cache and CUDA graphs; vLLM
-DECODE_ENGINES = ("transformers", "transformers-graphs", "vllm")
-MODELS = ("full", "lora", "qlora")
-STEP_REWARDS = ("synthetic", "format-exact", "schema", "execution")  # worker.step_rewards
-VLLM_MODES = ("colocate", "server")
-DISTRIBUTED_TYPES = ("no", "ddp", "zero1", "zero2", "zero3", "fsdp2")
-OFFLOAD_DEVICES = ("none", "cpu")
-# TRL passes `optim` to transformers: the values of transformers.training_args.OptimizerNames
-# (transformers 5.17; tests/test_profiles.py checks this list against the installed enum).
-OPTIMIZERS = (
-    "adamw_torch", "adamw_torch_fused", "adamw_torch_xla", "adamw_torch_npu_fused", "adafactor", "adamw_anyprecision",
-    "adamw_torch_4bit", "adamw_torch_8bit", "ademamix", "sgd", "adagrad", "adamw_bnb_8bit", "adamw_8bit",
-    "ademamix_8bit", "lion_8bit", "lion_32bit", "paged_adamw_32bit", "paged_adamw_8bit", "paged_ademamix_32bit",
-    "paged_ademamix_8bit", "paged_lion_32bit", "paged_lion_8bit", "rmsprop", "rmsprop_bnb", "rmsprop_bnb_8bit",
-    "rmsprop_bnb_32bit", "galore_adamw", "galore_adamw_8bit", "galore_adafactor", "galore_adamw_layerwise",
-    "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise", "lomo", "adalomo", "grokadamw",
-    "schedule_free_radam", "schedule_free_adamw", "schedule_free_sgd", "apollo_adamw", "apollo_adamw_layerwise",
-    "stable_adamw",
-)  # fmt: skip
-# Each lever's allowed values, checked on load wherever a lever is given (profiles, estimate --levers).
-LEVER_VALUES: dict[str, tuple[Any, str]] = {
-    "optim": (OPTIMIZERS, "one of TRL's optimizers (transformers OptimizerNames)"),
-    "vllm_mode": (VLLM_MODES, "one of colocate, server"),
-    "model": (MODELS, "one of full, lora, qlora"),
-    "vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "a fraction in (0, 1]"),
-    "vllm_max_model_length": (lambda v: v is None or v > 0, "positive"),
-    "beta": (lambda v: v >= 0, "at least 0"),
-    "num_generations": (lambda v: v >= 2, "at least 2 (GRPO's advantages compare completions of one prompt)"),
-    "per_device_train_batch_size": (lambda v: v > 0, "positive"),
-    "gradient_accumulation_steps": (lambda v: v > 0, "positive"),
-    "max_completion_length": (lambda v: v > 0, "positive"),
-    "learning_rate": (lambda v: v > 0, "positive"),
-    "lora_r": (lambda v: v > 0, "positive"),
-    "num_processes": (lambda v: v > 0, "positive"),
-    "num_machines": (lambda v: v > 0, "positive"),
-    "distributed_type": (DISTRIBUTED_TYPES, "one of " + ", ".join(DISTRIBUTED_TYPES)),
-    "offload_optimizer_device": (OFFLOAD_DEVICES, "one of none, cpu"),
-    "offload_param_device": (OFFLOAD_DEVICES, "one of none, cpu"),
-    "vllm_tensor_parallel_size": (lambda v: v > 0, "positive"),
-    "vllm_server_tensor_parallel_size": (lambda v: v > 0, "positive"),
-    "vllm_server_data_parallel_size": (lambda v: v > 0, "positive"),
-    "reward": (STEP_REWARDS, "one of " + ", ".join(STEP_REWARDS)),
-}
 
 
 def check_lever(name: str, value: Any, file: str, key: str) -> None:

@@ -59,6 +59,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
+from benchmarks.catalog.profiles import GRPO_CONFIG, Levers
 from benchmarks.rewardbench.reward_inputs import ADD_TESTS, ANSWER_SCHEMA, GOLD
 from benchmarks.run.models import build_on_device, word
 from rewards import TestExecutionReward, correctness_reward, format_reward, schema_reward
@@ -417,47 +418,20 @@ def load_policy(job: dict, cuda: bool) -> tuple[Any, Any]:
     return AutoModelForCausalLM.from_pretrained(model_dir, **load), peft_config
 
 
-def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server_port: int | None) -> Any:
-    from datasets import Dataset
-    from transformers import PreTrainedTokenizerFast, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+def trainer_config(job: dict, cuda: bool, output_dir: str, server_port: int | None) -> Any:
+    """TRL's GRPOConfig: every GRPOConfig lever as declared (``Levers.of_kind``), then the harness's own
+    settings (fixed-length completions, precision, no logging or saving) and a stack's ``extra_config``."""
+    from trl import GRPOConfig
 
-    levers, model_dir = job["levers"], job["model_dir"]
-    # Not AutoTokenizer: transformers maps model_type qwen2 to Qwen2Tokenizer whatever the
-    # directory's tokenizer files say, and that one does not read the suite's word-level vocabulary.
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
-    if levers["use_vllm"] and not cuda:
-        keep_vllm_cpu_weights_plain()
+    levers = job["levers"]
     length = levers["max_completion_length"]
-    if levers["use_vllm"]:
-        fixed_length = {"min_tokens": length, "ignore_eos": True}
-    else:
-        fixed_length = {"min_new_tokens": length}
-    per_step = levers["per_device_train_batch_size"] * levers["gradient_accumulation_steps"]  # completions a rank
-    ranks = levers["num_processes"] * levers["num_machines"]
-    prompts_needed = per_step * ranks * (job["warmup_steps"] + job["measured_steps"])  # more than enough
-    prompt = " ".join(word(3 + i % 97) for i in range(job["prompt_words"]))
-    reward_funcs, columns = step_rewards(levers["reward"], prompts_needed)
-    dataset = Dataset.from_dict({"prompt": [prompt] * prompts_needed, **columns})
-    config = GRPOConfig(
+    fixed_length = {"min_tokens": length, "ignore_eos": True} if levers["use_vllm"] else {"min_new_tokens": length}
+    server = {"vllm_server_host": job["server_host"], "vllm_server_port": server_port} if server_port else {}
+    return GRPOConfig(
         output_dir=output_dir,
         max_steps=job["warmup_steps"] + job["measured_steps"],
-        optim=levers["optim"],
-        gradient_checkpointing=levers["gradient_checkpointing"],
-        use_vllm=levers["use_vllm"],
-        vllm_mode=levers["vllm_mode"],
-        vllm_enable_sleep_mode=levers["vllm_enable_sleep_mode"],
-        vllm_gpu_memory_utilization=levers["vllm_gpu_memory_utilization"],
-        vllm_max_model_length=levers["vllm_max_model_length"],
-        vllm_tensor_parallel_size=levers["vllm_tensor_parallel_size"],
-        ds3_gather_for_generation=levers["ds3_gather_for_generation"],
-        **({"vllm_server_host": job["server_host"], "vllm_server_port": server_port} if server_port else {}),
-        beta=levers["beta"],
-        num_generations=levers["num_generations"],
-        per_device_train_batch_size=levers["per_device_train_batch_size"],
-        gradient_accumulation_steps=levers["gradient_accumulation_steps"],
-        max_completion_length=length,
-        learning_rate=levers["learning_rate"],
+        **Levers.recorded(levers).of_kind(GRPO_CONFIG),
+        **server,
         generation_kwargs=fixed_length,
         bf16=job["dtype"] == "bfloat16" and cuda,
         fp16=job["dtype"] == "float16",
@@ -470,6 +444,36 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
         dataloader_num_workers=0,
         **job.get("extra_config", {}),
     )
+
+
+def prompts_and_rewards(job: dict) -> tuple[Any, list]:
+    """The data set (one fixed prompt, as many rows as every rank's steps need, with the columns the reward
+    reads) and the reward functions the ``reward`` lever names."""
+    from datasets import Dataset
+
+    levers = job["levers"]
+    per_step = levers["per_device_train_batch_size"] * levers["gradient_accumulation_steps"]  # completions a rank
+    ranks = levers["num_processes"] * levers["num_machines"]
+    prompts_needed = per_step * ranks * (job["warmup_steps"] + job["measured_steps"])  # more than enough
+    prompt = " ".join(word(3 + i % 97) for i in range(job["prompt_words"]))
+    reward_funcs, columns = step_rewards(levers["reward"], prompts_needed)
+    return Dataset.from_dict({"prompt": [prompt] * prompts_needed, **columns}), reward_funcs
+
+
+def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server_port: int | None) -> Any:
+    from transformers import PreTrainedTokenizerFast, TrainerCallback
+    from trl import GRPOTrainer
+
+    levers, model_dir = job["levers"], job["model_dir"]
+    # Not AutoTokenizer: transformers maps model_type qwen2 to Qwen2Tokenizer whatever the
+    # directory's tokenizer files say, and that one does not read the suite's word-level vocabulary.
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    if levers["use_vllm"] and not cuda:
+        keep_vllm_cpu_weights_plain()
+    per_step = levers["per_device_train_batch_size"] * levers["gradient_accumulation_steps"]  # completions a rank
+    length = levers["max_completion_length"]
+    dataset, reward_funcs = prompts_and_rewards(job)
+    config = trainer_config(job, cuda, output_dir, server_port)
     # After the config: under ZeRO-3 its DeepSpeed config makes from_pretrained load straight into
     # partitions (zero.Init), as a trainer given a model name would, instead of a whole copy per rank.
     model, peft_config = load_policy(job, cuda)
