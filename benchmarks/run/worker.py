@@ -461,8 +461,9 @@ def prompts_and_rewards(job: dict) -> tuple[Any, list]:
 
 
 def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server_port: int | None) -> Any:
-    from transformers import PreTrainedTokenizerFast, TrainerCallback
-    from trl import GRPOTrainer
+    """TRL's GRPOTrainer over the job's policy, data set, rewards and config, its phases marked and each
+    step reported to the parent."""
+    from transformers import PreTrainedTokenizerFast
 
     levers, model_dir = job["levers"], job["model_dir"]
     # Not AutoTokenizer: transformers maps model_type qwen2 to Qwen2Tokenizer whatever the
@@ -470,17 +471,32 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
     if levers["use_vllm"] and not cuda:
         keep_vllm_cpu_weights_plain()
-    per_step = levers["per_device_train_batch_size"] * levers["gradient_accumulation_steps"]  # completions a rank
-    length = levers["max_completion_length"]
     dataset, reward_funcs = prompts_and_rewards(job)
     config = trainer_config(job, cuda, output_dir, server_port)
     # After the config: under ZeRO-3 its DeepSpeed config makes from_pretrained load straight into
     # partitions (zero.Init), as a trainer given a model name would, instead of a whole copy per rank.
     model, peft_config = load_policy(job, cuda)
+    recorder = step_recorder(job, phases, cuda)
+    trainer = measured_trainer_class(phases)(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[recorder],
+    )
+    recorder.trainer = trainer
+    if levers["use_vllm"] and levers["vllm_enable_sleep_mode"]:
+        mark_sleep_wake(trainer.vllm_generation.llm, phases)
+    return trainer
+
+
+def measured_trainer_class(phases: Phases) -> type:
+    """GRPOTrainer with its phases marked; nothing else changes."""
+    from trl import GRPOTrainer
 
     class MeasuredGRPOTrainer(GRPOTrainer):
-        """GRPOTrainer with its phases marked; nothing else changes."""
-
         def training_step(self, *args: Any, **kwargs: Any) -> Any:
             with phases.phase("forward_backward"):
                 return super().training_step(*args, **kwargs)
@@ -503,14 +519,35 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
             with phases.phase("logprob"):
                 return super()._get_per_token_logps_and_entropies(*args, **kwargs)
 
+    return MeasuredGRPOTrainer
+
+
+def mark_sleep_wake(llm: Any, phases: Phases) -> None:
+    """vLLM's sleep and wake-up, each timed as the ``sleep_wake`` phase."""
+    for name in ("sleep", "wake_up"):
+        method = getattr(llm, name)
+
+        def marked(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+            with phases.phase("sleep_wake"):
+                return _method(*args, **kwargs)
+
+        setattr(llm, name, marked)
+
+
+def step_recorder(job: dict, phases: Phases, cuda: bool) -> Any:
+    """A trainer callback that reports the ranks as accelerate prepared them, then every step: its wall and
+    phase times, tokens, and the bytes of its model states (``trainer`` set once the trainer exists)."""
+    from transformers import TrainerCallback
+
+    channel, levers = phases.channel, job["levers"]
+
     class StepRecorder(TrainerCallback):
-        def __init__(self) -> None:
-            self.started = 0.0
-            self.grad_bytes = 0
+        trainer: Any = None
+        started = 0.0
+        grad_bytes = 0
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            # After accelerate has prepared the model: the ranks, their type and partitions as they are.
-            report(channel, event="distribution", **distribution(trainer, levers, cuda))
+            report(channel, event="distribution", **distribution(self.trainer, levers, cuda))
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             phases.take()
@@ -518,7 +555,8 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
             report(channel, event="step_begin", step=state.global_step)
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.grad_bytes = tensor_bytes(p.grad for p in trainer.model.parameters() if p.grad is not None)
+            model = self.trainer.model
+            self.grad_bytes = tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)
             phases.enter("optimizer")
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -526,46 +564,37 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
                 phases.leave()
             wall = time.perf_counter() - self.started
             seconds, cuda_peaks = phases.take()
-            completions = per_step
             index = state.global_step - 1
+            step = step_event(self.trainer, job, wall, self.grad_bytes)
             report(
                 channel,
-                event="step",
                 step=index,
                 warmup=index < job["warmup_steps"],
-                wall_s=wall,
                 phase_s=seconds,
                 cuda_peak_bytes=cuda_peaks,
-                completion_tokens=completions * length,
-                completion_tokens_per_s=completions * length / wall,
-                optimizer_state_bytes=optimizer_state_bytes(trainer.optimizer),
-                grad_bytes=self.grad_bytes,
-                model_states=model_states(trainer, self.grad_bytes),
-                trainable_params=sum(full_numel(p) for p in trainer.model.parameters() if p.requires_grad),
-                reference_model_bytes=tensor_bytes(trainer.ref_model.parameters()) if trainer.ref_model else 0,
+                **step,
             )
 
-    channel = phases.channel
-    trainer = MeasuredGRPOTrainer(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=peft_config,
-        callbacks=[StepRecorder()],
+    return StepRecorder()
+
+
+def step_event(trainer: Any, job: dict, wall: float, grad_bytes: int) -> dict[str, Any]:
+    """What a step report holds beside its index and phases: time, tokens and the model states' bytes."""
+    levers = job["levers"]
+    tokens = (
+        levers["per_device_train_batch_size"] * levers["gradient_accumulation_steps"] * levers["max_completion_length"]
     )
-    if levers["use_vllm"] and levers["vllm_enable_sleep_mode"]:
-        llm = trainer.vllm_generation.llm
-        for name in ("sleep", "wake_up"):
-            method = getattr(llm, name)
-
-            def marked(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
-                with phases.phase("sleep_wake"):
-                    return _method(*args, **kwargs)
-
-            setattr(llm, name, marked)
-    return trainer
+    return {
+        "event": "step",
+        "wall_s": wall,
+        "completion_tokens": tokens,
+        "completion_tokens_per_s": tokens / wall,
+        "optimizer_state_bytes": optimizer_state_bytes(trainer.optimizer),
+        "grad_bytes": grad_bytes,
+        "model_states": model_states(trainer, grad_bytes),
+        "trainable_params": sum(full_numel(p) for p in trainer.model.parameters() if p.requires_grad),
+        "reference_model_bytes": tensor_bytes(trainer.ref_model.parameters()) if trainer.ref_model else 0,
+    }
 
 
 def keep_vllm_cpu_weights_plain() -> None:
