@@ -312,6 +312,40 @@ def run_configuration(
     job = with_every_lever(job)
     levers = job["levers"]
     gpus = devices.visible_gpus(nvml)
+    placed = _place(job, gpus, place)
+    if isinstance(placed, schema.WorkerRecord):
+        return placed
+    job, env, used = placed
+    device = devices.DeviceMemory(nvml, used) if used else None  # its baseline: before the worker starts
+    with tempfile.TemporaryDirectory(prefix="grpo-bench-") as scratch:
+        channel = Channel(Path(scratch) / "channel")
+        job_path = Path(scratch) / "job.json"
+        job_path.write_text(json.dumps({**job, "channel": channel.path}))
+        argv, config = launch.command(levers, job.get("dtype", "float32"), bool(gpus), place, job_path, python)
+        # the budget bounds the host's RSS on a CPU; on CUDA each rank caps its allocator at it instead
+        run = _run_launcher([*prefix, *argv], env, log_path, channel, None if used else budget_bytes, device, timeout_s)
+    record = _record(run.heard, run.sampler, device, levers, log_path, run.returncode)
+    _verdict(record, run, timeout_s, budget_bytes)
+    if config is not None or levers["num_machines"] > 1:
+        record.distribution = _distribution(run.heard, levers, config)
+    sampler = run.sampler
+    record.harness = schema.Harness(
+        wall_s=run.wall_s,
+        sampler_cpu_s=sampler.cpu_s,
+        samples=sampler.samples,
+        overhead_fraction=sampler.cpu_s / run.wall_s if run.wall_s else 0.0,
+        gpus=[g.index for g in used],  # NVML indices
+        launcher_peak_rss_bytes=max((v for (r, _, _), v in sampler.peaks.items() if r is None), default=0),
+    )
+    return record
+
+
+def _place(
+    job: dict, gpus: list[schema.Gpu], place: launch.Place
+) -> tuple[dict, dict[str, str], list[schema.Gpu]] | schema.WorkerRecord:
+    """The job, the launcher's environment and the GPUs it uses: the ranks get the first visible GPUs, a
+    server started here the next ones, its address in the job; or the record of a configuration skipped."""
+    levers = job["levers"]
     env = {**os.environ, **VLLM_CPU_ENV, "PYTHONUNBUFFERED": "1"}
     used: list[schema.Gpu] = []
     # The server beside the first machine's ranks, unless a machine of its own runs it (run_machines).
@@ -327,80 +361,96 @@ def run_configuration(
     elif launch.cpu_skip_reason(levers):
         return _skipped(launch.cpu_skip_reason(levers))
     if server_mode(levers):
-        where = {"server_host": place.main_process_ip, "server_port": free_port()}
-        job = {**where, **job, "server_starts_here": server_here}
-    device = devices.DeviceMemory(nvml, used) if used else None  # its baseline: before the worker starts
-    with tempfile.TemporaryDirectory(prefix="grpo-bench-") as scratch:
-        channel = Channel(Path(scratch) / "channel")
-        job_path = Path(scratch) / "job.json"
-        job_path.write_text(json.dumps({**job, "channel": channel.path}))
-        argv, config = launch.command(levers, job.get("dtype", "float32"), bool(gpus), place, job_path, python)
-        with open(log_path, "w") as log:
-            launcher = subprocess.Popen(
-                [*prefix, *argv],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=REPO,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
-        # the budget bounds the host's RSS on a CPU; on CUDA each rank caps its allocator at it instead
-        sampler = MemorySampler(launcher.pid, None if used else budget_bytes, device)
-        sampler.start()
-        started = time.monotonic()
-        timed_out = threading.Event()
+        address = {"server_host": place.main_process_ip, "server_port": free_port()}
+        job = {**address, **job, "server_starts_here": server_here}
+    return job, env, used
 
-        def stop_on_time() -> None:
-            timed_out.set()
-            os.killpg(launcher.pid, signal.SIGKILL)
 
-        # a daemon: a run stopped meanwhile (SIGTERM, ^C) must not wait for it to fire
-        timer = threading.Timer(timeout_s, stop_on_time) if timeout_s else None
+@dataclass
+class LauncherRun:
+    """What a launcher's run left: what its ranks said, the memory sampler, its time and exit status."""
+
+    heard: Heard
+    sampler: MemorySampler
+    wall_s: float
+    returncode: int | None
+    timed_out: bool
+
+
+def _run_launcher(
+    argv: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    channel: Channel,
+    budget_bytes: int | None,
+    device: devices.DeviceMemory | None,
+    timeout_s: float | None,
+) -> LauncherRun:
+    """The launcher in a session of its own, sampled and listened to until it ends, stopped at
+    ``timeout_s``; nothing of it outlives the call, an interrupt included."""
+    with open(log_path, "w") as log:
+        launcher = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+    sampler = MemorySampler(launcher.pid, budget_bytes, device)
+    sampler.start()
+    started = time.monotonic()
+    timed_out = threading.Event()
+
+    def stop_on_time() -> None:
+        timed_out.set()
+        os.killpg(launcher.pid, signal.SIGKILL)
+
+    # a daemon: a run stopped meanwhile (SIGTERM, ^C) must not wait for it to fire
+    timer = threading.Timer(timeout_s, stop_on_time) if timeout_s else None
+    if timer:
+        timer.daemon = True
+        timer.start()
+    try:
+        heard = _listen(channel, launcher, sampler, log_path)
+        launcher.wait()
+    finally:  # on an interrupt too: no timer, sampler or worker outlives the configuration
         if timer:
-            timer.daemon = True
-            timer.start()
-        try:
-            heard = _listen(channel, launcher, sampler, log_path)
-            launcher.wait()
-        finally:  # on an interrupt too: no timer, sampler or worker outlives the configuration
-            if timer:
-                timer.cancel()
-            _stop_group(launcher)
-            sampler.stopped.set()
-            sampler.join()
-        wall = time.monotonic() - started
-    record = _record(heard, sampler, device, levers, log_path, launcher.returncode)
-    if timed_out.is_set():
-        record.status, record.phase = "timeout", sampler.where.get(min(heard.hellos, default=None), (None, "setup"))[1]
+            timer.cancel()
+        _stop_group(launcher)
+        sampler.stopped.set()
+        sampler.join()
+    return LauncherRun(heard, sampler, time.monotonic() - started, launcher.returncode, timed_out.is_set())
+
+
+def _verdict(record: schema.WorkerRecord, run: LauncherRun, timeout_s: float | None, budget_bytes: int | None) -> None:
+    """A run stopped at its time limit or memory budget says so, with the phase it was in and where the
+    memory stood in the steps that did not finish."""
+    sampler = run.sampler
+    if run.timed_out:
+        record.status, record.phase = (
+            "timeout",
+            sampler.where.get(min(run.heard.hellos, default=None), (None, "setup"))[1],
+        )
         record.reason = f"still running after the configuration's limit of {timeout_s:g} s; the worker tree was stopped"
     elif sampler.over_budget is not None:
         record.status, record.phase = "oom", sampler.over_budget[1]
         record.reason = f"worker tree RSS passed the {budget_bytes / GIB:.1f} GiB budget"
-    if record.status != "ok":  # where the memory stood when the ranks ended (e.g. stopped at the budget)
-        finished = {step.step for step in record.steps}
+    if record.status == "ok":
+        return
+    finished = {step.step for step in record.steps}
 
-        def unfinished(peaks: dict[tuple[int | None, int | None, str], int]) -> dict[str, int] | None:
-            found: dict[str, int] = {}
-            for (_, index, phase), value in peaks.items():
-                if index is not None and index not in finished:
-                    found[phase] = max(found.get(phase, 0), value)
-            return found if peaks else None
+    def unfinished(peaks: dict[tuple[int | None, int | None, str], int]) -> dict[str, int] | None:
+        found: dict[str, int] = {}
+        for (_, index, phase), value in peaks.items():
+            if index is not None and index not in finished:
+                found[phase] = max(found.get(phase, 0), value)
+        return found if peaks else None
 
-        record.unfinished_peak_rss_bytes = unfinished(sampler.peaks)
-        record.unfinished_peak_device_bytes = unfinished(sampler.device_process_peaks) if record.device else None
-    if config is not None or levers["num_machines"] > 1:
-        record.distribution = _distribution(heard, levers, config)
-    record.harness = schema.Harness(
-        wall_s=wall,
-        sampler_cpu_s=sampler.cpu_s,
-        samples=sampler.samples,
-        overhead_fraction=sampler.cpu_s / wall if wall else 0.0,
-        gpus=[g.index for g in used],  # NVML indices
-        launcher_peak_rss_bytes=max((v for (r, _, _), v in sampler.peaks.items() if r is None), default=0),
-    )
-    return record
+    record.unfinished_peak_rss_bytes = unfinished(sampler.peaks)
+    record.unfinished_peak_device_bytes = unfinished(sampler.device_process_peaks) if record.device else None
 
 
 def _stop_group(launcher: subprocess.Popen) -> None:
