@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks import REPO
@@ -159,50 +159,76 @@ def workload_line(levers: profiles.Levers, prompt_tokens: int) -> str:
     return line
 
 
-def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    shapes, catalog = profiles.load_shapes(), profiles.load_hardware()
-    if args.shape not in shapes:
-        parser.error(f"--shape {args.shape!r}: not in profiles/shapes.toml ({', '.join(shapes)})")
+@dataclass(frozen=True)
+class Sizer:
+    """The memory model for one shape, dtype and hardware class, as ``estimate`` asks it."""
+
+    shape: shapes.Shape
+    hardware: profiles.Hardware
+    dtype: str
+    prompt_tokens: int
+    logits: str
+
+    @property
+    def capacity(self) -> float:
+        return self.hardware.memory_gib * estimate.GIB
+
+    def predict(self, levers: profiles.Levers) -> estimate.Estimate:
+        work = estimate.Workload.of(levers, self.prompt_tokens)
+        return estimate.estimate(self.shape, self.dtype, levers, work, self.hardware, self.logits, malloc_fixed=True)
+
+    def fits(self, levers: profiles.Levers) -> bool:
+        return profiles.combination_problem(levers) is None and self.predict(levers).fits(self.capacity)
+
+    def smallest(self, levers: profiles.Levers, counts: tuple[int, ...]) -> profiles.Levers | None:
+        """``levers`` on the first of ``counts`` GPUs that fits, or None."""
+        return next((c for c in (estimate.on_gpus(levers, n) for n in counts) if self.fits(c)), None)
+
+
+def estimate_sizer(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sizer:
+    """The sizer ``estimate``'s arguments ask for; a parser error naming a bad one."""
+    shape_catalog, catalog = profiles.load_shapes(), profiles.load_hardware()
+    if args.shape not in shape_catalog:
+        parser.error(f"--shape {args.shape!r}: not in profiles/shapes.toml ({', '.join(shape_catalog)})")
     if args.hardware not in catalog:
         parser.error(f"--hardware {args.hardware!r}: not in profiles/hardware.toml ({', '.join(catalog)})")
     if args.prompt_tokens <= 0:
         parser.error(f"--prompt-tokens must be positive, got {args.prompt_tokens}")
     if args.price_per_gpu_hour is not None and args.price_per_gpu_hour < 0:
         parser.error(f"--price-per-gpu-hour must be at least 0, got {args.price_per_gpu_hour}")
-    shape, hardware = shapes[args.shape], catalog[args.hardware]
-    capacity = hardware.memory_gib * estimate.GIB
+    return Sizer(shape_catalog[args.shape], catalog[args.hardware], args.dtype, args.prompt_tokens, args.logits)
 
-    def predict(levers: profiles.Levers) -> estimate.Estimate:
-        work = estimate.Workload.of(levers, args.prompt_tokens)
-        return estimate.estimate(shape, args.dtype, levers, work, hardware, args.logits, malloc_fixed=True)
 
-    def smallest(levers: profiles.Levers, counts: tuple[int, ...]) -> profiles.Levers | None:
-        """``levers`` on the first of ``counts`` GPUs that fits, or None."""
-        for count in counts:
-            candidate = estimate.on_gpus(levers, count)
-            if profiles.combination_problem(candidate) is None and predict(candidate).fits(capacity):
-                return candidate
-        return None
-
+def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    sizer = estimate_sizer(parser, args)
+    hardware = sizer.hardware
     try:
         levers = parse_levers(args.levers, ESTIMATE_BASE)
         if args.min_gpus:
-            found = smallest(levers, estimate.GPU_COUNTS)
+            found = sizer.smallest(levers, estimate.GPU_COUNTS)
             if found is None:
                 most = estimate.GPU_COUNTS[-1]
                 print(f"{args.shape} does not fit {most} x {hardware.name} with these levers (predicted)")
                 return 0
             levers = found
-        est = predict(levers)
+        est = sizer.predict(levers)
     except (profiles.ProfileError, ValueError) as error:
         parser.error(str(error))
-    gpus = levers.world_size
     print(
-        f"{args.shape} ({shape.param_count() / 1e9:.2f}B) {args.dtype} on {gpus} x {hardware.name} "
-        f"({hardware.memory_gib:g} GiB each)"
+        f"{args.shape} ({sizer.shape.param_count() / 1e9:.2f}B) {args.dtype} on {levers.world_size} x "
+        f"{hardware.name} ({hardware.memory_gib:g} GiB each)"
     )
     print(workload_line(levers, args.prompt_tokens))
     print(f"levers: {levers}")
+    print_memory(sizer, levers, est, args.min_gpus)
+    print_step_time(args, sizer.shape, levers, hardware)
+    if not est.fits(sizer.capacity):
+        print_what_would_fit(sizer, levers)
+    return 0
+
+
+def print_memory(sizer: Sizer, levers: profiles.Levers, est: estimate.Estimate, min_gpus: bool) -> None:
+    """Every term per phase, the peak and whether it fits, and why an engine could not start."""
     for phase, terms in est.phases.items():
         print(f"\n{phase}, per GPU: {est.total(phase) / estimate.GIB:.2f} GiB")
         for term, value in sorted(terms.items(), key=lambda item: -item[1]):
@@ -210,36 +236,36 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     for term, note in est.notes.items():
         if not any(term in terms for terms in est.phases.values()):
             print(f"  ({note})")
-    fits = est.fits(capacity)
+    fits = "fits" if est.fits(sizer.capacity) else "does NOT fit"
     print(
-        f"\npeak {est.peak / estimate.GIB:.2f} GiB per GPU in {est.peak_phase}: "
-        f"{'fits' if fits else 'does NOT fit'} {hardware.memory_gib:g} GiB (predicted)"
-        + (f"; the smallest GPU count of {estimate.GPU_COUNTS} that fits" if args.min_gpus else "")
+        f"\npeak {est.peak / estimate.GIB:.2f} GiB per GPU in {est.peak_phase}: {fits} "
+        f"{sizer.hardware.memory_gib:g} GiB (predicted)"
+        + (f"; the smallest GPU count of {estimate.GPU_COUNTS} that fits" if min_gpus else "")
     )
     if est.engine_cannot_start:
-        work = estimate.Workload.of(levers, args.prompt_tokens)
-        need = estimate.engine_need(shape, args.dtype, levers, work)
-        share = need.total / capacity
+        work = estimate.Workload.of(levers, sizer.prompt_tokens)
+        share = estimate.engine_need(sizer.shape, sizer.dtype, levers, work).total / sizer.capacity
         hold = f"; vllm_gpu_memory_utilization >= {share:.2f} would hold it" if share <= 1 else ""
         print(f"{est.engine_cannot_start}{hold}")
-    print_step_time(args, shape, levers, hardware)
-    if not fits:
-        for label, change in tables.ladder(hardware):  # the lightest lever set, over these levers, on as many GPUs
-            lighter = replace(levers, **change)
-            if profiles.combination_problem(lighter) is None and predict(lighter).fits(capacity):
-                print(f"on {gpus} x {hardware.name}, {label} would hold it ({change})")
-                break
-        else:
-            label = None
-        more = smallest(levers, tuple(count for count in estimate.GPU_COUNTS if count > gpus))
-        if more is not None:
-            print(f"{more.world_size} x {hardware.name} would hold it ({more.distributed_type}; see --min-gpus)")
-        elif label is None:
-            print(
-                f"no lighter lever set here and no count up to {estimate.GPU_COUNTS[-1]} GPUs holds it: what one GPU "
-                "processes has to shrink (per_device_train_batch_size, max_completion_length)"
-            )
-    return 0
+
+
+def print_what_would_fit(sizer: Sizer, levers: profiles.Levers) -> None:
+    """The lightest lever set over these levers on as many GPUs, and the fewest GPUs, that would hold it."""
+    gpus, name = levers.world_size, sizer.hardware.name
+    lighter = [
+        (label, change) for label, change in tables.ladder(sizer.hardware) if sizer.fits(replace(levers, **change))
+    ]
+    if lighter:
+        label, change = lighter[0]
+        print(f"on {gpus} x {name}, {label} would hold it ({change})")
+    more = sizer.smallest(levers, tuple(count for count in estimate.GPU_COUNTS if count > gpus))
+    if more is not None:
+        print(f"{more.world_size} x {name} would hold it ({more.distributed_type}; see --min-gpus)")
+    elif not lighter:
+        print(
+            f"no lighter lever set here and no count up to {estimate.GPU_COUNTS[-1]} GPUs holds it: what one GPU "
+            "processes has to shrink (per_device_train_batch_size, max_completion_length)"
+        )
 
 
 def step_rates(args: argparse.Namespace, levers: profiles.Levers, hardware: profiles.Hardware) -> timing.Rates:
