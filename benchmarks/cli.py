@@ -396,6 +396,29 @@ def command_line() -> argparse.ArgumentParser:
     """Every subcommand and its options."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     commands = parser.add_subparsers(dest="command", required=True)
+    _bench_options(commands)
+    remake = commands.add_parser("report", help="(re)make the table and figure of decode result files")
+    remake.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    _context_options(commands)
+    _estimate_options(commands)
+    tabulate = commands.add_parser("tables", help="regenerate results/tables/*.md from every result file")
+    tabulate.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
+    tabulate.add_argument("--out", type=Path, default=REPO / "results" / "tables", help="default: results/tables")
+    tabulate.add_argument("--doc", type=Path, action="append", default=[], help="a markdown file with table markers")
+    tabulate.add_argument(
+        "--all", action="store_true", help="every complete run, superseded and --only subsets too (default: the newest)"
+    )
+    versus = commands.add_parser("compare", help="result files or hardware classes side by side, with figures")
+    versus.add_argument("sides", nargs="*", metavar="FILE_OR_CLASS")
+    versus.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
+    versus.add_argument("--out", type=Path, help="default: results/compare/<A>-vs-<B>")
+    commands.add_parser(
+        "provenance", help=f"record this checkout's commit in {machine.PROVENANCE.name}, for a tree that travels"
+    )
+    return parser
+
+
+def _bench_options(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser("bench", help="run a profile and write result files")
     bench.add_argument("--profile", help=f"one of: {', '.join(profiles.available())} (default: this hardware's)")
     bench.add_argument("--quick", action="store_true", help="the profile's [quick] overlay: tiny shapes, a smoke run")
@@ -407,8 +430,9 @@ def command_line() -> argparse.ArgumentParser:
         "(several: PATTERN,PATTERN)",
     )
     bench.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: results/runs)")
-    remake = commands.add_parser("report", help="(re)make the table and figure of decode result files")
-    remake.add_argument("files", nargs="+", type=Path, metavar="FILE")
+
+
+def _context_options(commands: argparse._SubParsersAction) -> None:
     search = commands.add_parser("context", help="the max-context search across stacks (nox -s context)")
     search.add_argument("--profile", help="a profile with a [context] table (default: this hardware's)")
     search.add_argument("--hardware", help=HARDWARE_HELP)
@@ -429,6 +453,9 @@ def command_line() -> argparse.ArgumentParser:
         help="the interpreter of a contender's venv (nox -s context passes every one it built)",
     )
     search.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: results/runs)")
+
+
+def _estimate_options(commands: argparse._SubParsersAction) -> None:
     guess = commands.add_parser("estimate", help="the analytic model's memory per term for one GRPO step")
     guess.add_argument("--shape", required=True, help="a shape of profiles/shapes.toml")
     guess.add_argument("--hardware", required=True, help="a hardware class of profiles/hardware.toml")
@@ -446,21 +473,6 @@ def command_line() -> argparse.ArgumentParser:
         type=float,
         help="a GPU-hour's price: the cost of 1,000 steps is printed beside their hours",
     )
-    tabulate = commands.add_parser("tables", help="regenerate results/tables/*.md from every result file")
-    tabulate.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
-    tabulate.add_argument("--out", type=Path, default=REPO / "results" / "tables", help="default: results/tables")
-    tabulate.add_argument("--doc", type=Path, action="append", default=[], help="a markdown file with table markers")
-    tabulate.add_argument(
-        "--all", action="store_true", help="every complete run, superseded and --only subsets too (default: the newest)"
-    )
-    versus = commands.add_parser("compare", help="result files or hardware classes side by side, with figures")
-    versus.add_argument("sides", nargs="*", metavar="FILE_OR_CLASS")
-    versus.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
-    versus.add_argument("--out", type=Path, help="default: results/compare/<A>-vs-<B>")
-    commands.add_parser(
-        "provenance", help=f"record this checkout's commit in {machine.PROVENANCE.name}, for a tree that travels"
-    )
-    return parser
 
 
 def dispatch(argv: list[str] | None = None) -> int:
