@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -127,15 +127,7 @@ def guided_search(
     log space. Where ``start`` does not fit, lengths halve as in ``search``. Returns ``search``'s
     ``(last_pass, first_fail)``."""
 
-    def down(length: float) -> int:
-        return max(granule, int(length) // granule * granule)
-
-    def up(length: float) -> int:
-        return max(granule, -int(-length // granule) * granule)
-
-    def step_from(length: int) -> int:  # the step up from a fitting length that closes the bracket
-        return max(granule, down(length * (1 + resolution)) - length)
-
+    grid = _Grid(granule, resolution)
     fitting: list[tuple[int, int]] = []  # (length, measured peak) of every fitting probe
     passed = failed = None
     length, stepped_below = start, False
@@ -150,31 +142,55 @@ def guided_search(
         if passed is None:  # nothing fits yet: halve, as the full search does
             if length <= granule:
                 return None, failed
-            length = down(length / 2)
+            length = grid.down(length / 2)
             continue
         if failed is None and passed >= ceiling:
             return passed, None
         if failed is not None and (failed - passed <= granule or failed <= passed * (1 + resolution)):
             return passed, failed
-        high = failed if failed is not None else ceiling
-        # on the granule grid: the shortest length a step above ``passed`` (a fit there moves the bracket by
-        # a step) and, under ``failed``, the shortest whose fit closes the bracket
-        lowest = max(passed + granule, down(passed * (1 + resolution)))
-        highest = high if failed is None else max(lowest, min(failed - granule, up(failed / (1 + resolution))))
-        guess = _boundary_guess(sorted(fitting), modelled, budget, passed, high, granule)
-        if failed is not None and guess >= failed and not stepped_below:  # just past the guess: a step under,
-            length, stepped_below = down((highest + failed - granule) / 2), True  # amid the lengths that close
-            continue
-        if failed is not None and (failed <= passed * (1 + resolution) ** 2 or not passed < guess < failed):
-            guess = (passed * failed) ** 0.5
-        if failed is None and guess >= ceiling:  # the ceiling itself is probed as it is
-            length = min(max(ceiling, lowest), highest)
-            continue
+        guess = _boundary_guess(sorted(fitting), modelled, budget, passed, failed or ceiling, granule)
+        length, stepped_below = _next_probe(grid, guess, passed, failed, ceiling, stepped_below)
 
-        # the length whose step up is centred on the guess: a right guess fits, and one step up fails
-        nearby = range(down(guess - step_from(down(guess))), up(guess) + granule, granule)
-        centred = min(nearby, key=lambda length: abs(length + step_from(length) / 2 - guess))
-        length = min(max(centred, lowest), highest)
+
+@dataclass(frozen=True)
+class _Grid:
+    """The lengths a search probes: multiples of ``granule``, a step up from a fit ``resolution`` long."""
+
+    granule: int
+    resolution: float
+
+    def down(self, length: float) -> int:
+        return max(self.granule, int(length) // self.granule * self.granule)
+
+    def up(self, length: float) -> int:
+        return max(self.granule, -int(-length // self.granule) * self.granule)
+
+    def step_from(self, length: int) -> int:
+        """The step up from a fitting length that closes the bracket."""
+        return max(self.granule, self.down(length * (1 + self.resolution)) - length)
+
+
+def _next_probe(
+    grid: _Grid, guess: float, passed: int, failed: int | None, ceiling: int, stepped_below: bool
+) -> tuple[int, bool]:
+    """The next length to probe for the boundary ``guess``, and whether the search has now stepped under a
+    failing length (see ``guided_search``)."""
+    granule, resolution = grid.granule, grid.resolution
+    high = failed if failed is not None else ceiling
+    # on the granule grid: the shortest length a step above ``passed`` (a fit there moves the bracket by
+    # a step) and, under ``failed``, the shortest whose fit closes the bracket
+    lowest = max(passed + granule, grid.down(passed * (1 + resolution)))
+    highest = high if failed is None else max(lowest, min(failed - granule, grid.up(failed / (1 + resolution))))
+    if failed is not None and guess >= failed and not stepped_below:  # just past the guess: a step under,
+        return grid.down((highest + failed - granule) / 2), True  # amid the lengths that close
+    if failed is not None and (failed <= passed * (1 + resolution) ** 2 or not passed < guess < failed):
+        guess = (passed * failed) ** 0.5
+    if failed is None and guess >= ceiling:  # the ceiling itself is probed as it is
+        return min(max(ceiling, lowest), highest), stepped_below
+    # the length whose step up is centred on the guess: a right guess fits, and one step up fails
+    nearby = range(grid.down(guess - grid.step_from(grid.down(guess))), grid.up(guess) + granule, granule)
+    centred = min(nearby, key=lambda length: abs(length + grid.step_from(length) / 2 - guess))
+    return min(max(centred, lowest), highest), stepped_below
 
 
 def _boundary_guess(

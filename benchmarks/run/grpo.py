@@ -509,16 +509,32 @@ def _record(
     exit_status: int | None,
 ) -> schema.WorkerRecord:
     """The record of a launch from what its ranks said and what the sampler read: per rank its steps'
-    peaks and summary; the configuration's steps the maximum over its ranks."""
-    on_device = device is not None and bool(heard.on_cuda)
+    peaks and summary; the configuration's steps the maximum over its ranks; how it ended."""
     many = levers["distributed_type"] != "no"
+    ranks, measure = _rank_records(heard, sampler, device, many)
+    merged = _merged_steps([heard.steps.get(rank, []) for rank in sorted(set(heard.hellos))])
+    record = schema.WorkerRecord(status="ok", steps=merged, summary=_summary(merged, measure))
+    record.versions, record.device = heard.versions, heard.on_cuda.get(min(heard.on_cuda, default=0))
+    if many:
+        record.ranks = ranks
+    record.setup_peak_rss_bytes = max((v for (_, i, _), v in sampler.peaks.items() if i is None), default=0)
+    _ending(record, heard, levers, log_path, exit_status)
+    return record
+
+
+def _rank_records(
+    heard: Heard, sampler: MemorySampler, device: devices.DeviceMemory | None, many: bool
+) -> tuple[list[schema.Rank], str]:
+    """Each rank's steps with their peaks (host RSS; on CUDA its processes' device memory, or the devices'
+    use above the baseline where NVML lists none of them), its summary, and what the peaks measure."""
+    on_device = device is not None and bool(heard.on_cuda)
     ranks: list[schema.Rank] = []
     measure = schema.HOST_RSS
     for rank in sorted(set(heard.hellos)):
         steps = heard.steps.get(rank, [])
         rss, held = sampler.rank_peaks(rank)
         device_peaks = held
-        if on_device and not held and not many:  # NVML lists none of ours: the devices' use above the baseline
+        if on_device and not held and not many:
             device_peaks = sampler.device_used_peaks
         if on_device:
             measure = (
@@ -532,28 +548,18 @@ def _record(
                 step.peak_device_bytes = _per_step(device_peaks, step.step)
                 step.peak_device_used_bytes = _per_step(sampler.device_used_peaks, step.step)
         ranks.append(schema.Rank(rank=rank, summary=_summary(steps, measure)))
-    merged = _merged_steps([heard.steps.get(rank, []) for rank in sorted(set(heard.hellos))])
-    record = schema.WorkerRecord(status="ok", steps=merged, summary=_summary(merged, measure))
-    record.versions, record.device = heard.versions, heard.on_cuda.get(min(heard.on_cuda, default=0))
-    if many:
-        record.ranks = ranks
-    record.setup_peak_rss_bytes = max((v for (_, i, _), v in sampler.peaks.items() if i is None), default=0)
+    return ranks, measure
+
+
+def _ending(record: schema.WorkerRecord, heard: Heard, levers: dict, log_path: Path, exit_status: int | None) -> None:
+    """How the ranks ended: the first that did not finish (oom, skipped, an error; an engine that could not
+    start), independent runs where one of many ranks was asked for, or ranks that ended without a word."""
     expected = levers["num_processes"]
     bad = [(rank, e) for rank, e in heard.endings if e["event"] != "done"]
     if bad:
         rank, ending = bad[0]
-        record.status = ending["event"]
-        record.phase, record.reason, record.error = ending.get("phase"), ending.get("reason"), ending.get("error")
-        if ending.get("cuda_peak_bytes"):
-            record.unfinished_cuda_peak_bytes = schema.decode(schema.CudaPeaks, ending["cuda_peak_bytes"], "oom")
-        if record.status == "error":
-            tail = log_path.read_text(errors="replace")[-3000:]
-            record.reason, record.log_tail = ending.get("error", f"worker exit {exit_status}"), tail
-            refused = [line for line in tail.splitlines() if any(m in line for m in ENGINE_CANNOT_START)]
-            if refused:  # vLLM's engine process refused to start; the worker saw only "initialization failed"
-                record.status, record.phase = "oom", "engine_start"
-                record.reason = f"engine cannot start: {refused[-1][:400]}"
-        if many:
+        _bad_ending(record, ending, log_path, exit_status)
+        if levers["distributed_type"] != "no":
             record.reason = f"rank {rank}: {record.reason}"
     elif len(heard.hellos) != len(set(heard.hellos)):
         record.status = "error"
@@ -565,7 +571,21 @@ def _record(
         record.status = "error"
         record.reason = f"{len(heard.endings)} of {expected} ranks ended with a word (launcher exit {exit_status})"
         record.log_tail = log_path.read_text(errors="replace")[-3000:]
-    return record
+
+
+def _bad_ending(record: schema.WorkerRecord, ending: dict, log_path: Path, exit_status: int | None) -> None:
+    record.status = ending["event"]
+    record.phase, record.reason, record.error = ending.get("phase"), ending.get("reason"), ending.get("error")
+    if ending.get("cuda_peak_bytes"):
+        record.unfinished_cuda_peak_bytes = schema.decode(schema.CudaPeaks, ending["cuda_peak_bytes"], "oom")
+    if record.status != "error":
+        return
+    tail = log_path.read_text(errors="replace")[-3000:]
+    record.reason, record.log_tail = ending.get("error", f"worker exit {exit_status}"), tail
+    refused = [line for line in tail.splitlines() if any(m in line for m in ENGINE_CANNOT_START)]
+    if refused:  # vLLM's engine process refused to start; the worker saw only "initialization failed"
+        record.status, record.phase = "oom", "engine_start"
+        record.reason = f"engine cannot start: {refused[-1][:400]}"
 
 
 def _merged_steps(per_rank: list[list[schema.Step]]) -> list[schema.Step]:
