@@ -354,38 +354,14 @@ def run_contender(
         entry.reason = f"no interpreter for {name}: run `nox -s context` (it builds each stack)"
         return
     entry.status, entry.reason = "searching", "the search had not ended when this file was written"
-    job = probe_job(name, settings, model_dir, cuda)
-
-    def modelled(length: int) -> int:
-        return budgeted_peak(shape, settings, levers, hardware, entry.logits_path, length)
-
-    def run_step(length: int, timeout_s: float) -> tuple[schema.WorkerRecord, float]:
-        started = time.monotonic()
-        record = run_configuration(
-            {**job, "levers": asdict(replace(levers, max_completion_length=length))},
-            None if cuda else int(settings.budget_gib * GIB),
-            logs / f"{name}-{length}.log",
-            python=python,
-            timeout_s=timeout_s,
-        )
-        return record, time.monotonic() - started
-
-    def probe(length: int) -> tuple[bool, int | None]:
-        record, wall = run_step(length, settings.probe_timeout_s)
-        probed = _probe_record(length, record, modelled(length), wall)
-        entry.probes.append(probed)
-        entry.versions = entry.versions or record.versions
-        save()
-        print(f"  {name} {length:>6} tokens: {_probe_line(probed)}", flush=True)
-        if record.status not in ("ok", "oom"):
-            raise ProbeFailed(f"{record.status} at {length} tokens: {record.reason}")
-        return probed.fits, probed.peak_bytes
-
+    prober = _Prober(
+        entry, python, settings, probe_job(name, settings, model_dir, cuda), levers, hardware, cuda, logs, save
+    )
     if settings.warmup_probe:  # imports, compiles and on-disk caches paid once, outside the timed probes
-        record, entry.warmup_s = run_step(settings.granule, 2 * settings.probe_timeout_s)
+        record, entry.warmup_s = prober.run_step(settings.granule, 2 * settings.probe_timeout_s)
         print(f"  {name} warm-up at {settings.granule} tokens: {record.status}, {entry.warmup_s:.0f} s", flush=True)
     try:
-        passed, failed = bracket(settings, probe, modelled)
+        passed, failed = bracket(settings, prober.probe, prober.modelled)
     except ProbeFailed as error:
         entry.status, entry.reason = "error", str(error)
         return
@@ -396,6 +372,48 @@ def run_contender(
     entry.anchored_max_completion_tokens = anchored_max(
         shape, settings, levers, hardware, entry.logits_path, entry.probes
     )
+
+
+@dataclass
+class _Prober:
+    """One contender's probes: a whole GRPO step at a completion length, each recorded into ``entry`` and
+    saved as it ends."""
+
+    entry: schema.ContenderRun
+    python: str
+    settings: ContextBench
+    job: dict
+    levers: Levers
+    hardware: Hardware
+    cuda: bool
+    logs: Path
+    save: Callable[[], None]
+
+    def modelled(self, length: int) -> int:
+        shape = load_shapes()[self.settings.shape]
+        return budgeted_peak(shape, self.settings, self.levers, self.hardware, self.entry.logits_path, length)
+
+    def run_step(self, length: int, timeout_s: float) -> tuple[schema.WorkerRecord, float]:
+        started = time.monotonic()
+        record = run_configuration(
+            {**self.job, "levers": asdict(replace(self.levers, max_completion_length=length))},
+            None if self.cuda else int(self.settings.budget_gib * GIB),
+            self.logs / f"{self.entry.name}-{length}.log",
+            python=self.python,
+            timeout_s=timeout_s,
+        )
+        return record, time.monotonic() - started
+
+    def probe(self, length: int) -> tuple[bool, int | None]:
+        record, wall = self.run_step(length, self.settings.probe_timeout_s)
+        probed = _probe_record(length, record, self.modelled(length), wall)
+        self.entry.probes.append(probed)
+        self.entry.versions = self.entry.versions or record.versions
+        self.save()
+        print(f"  {self.entry.name} {length:>6} tokens: {_probe_line(probed)}", flush=True)
+        if record.status not in ("ok", "oom"):
+            raise ProbeFailed(f"{record.status} at {length} tokens: {record.reason}")
+        return probed.fits, probed.peak_bytes
 
 
 def bracket(
