@@ -35,7 +35,7 @@ from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFi
 from benchmarks.run import context
 
 TABLES = ("sizing", "steps", "decode", "context", "rewards", "model", "distributed")
-SEED_ANCHORS = ("24gb", "h200", "b200")  # the classes the guide's table names: always shown
+GUIDE_ANCHORS = ("24gb", "h200", "b200")  # the classes the guide's table names: always shown
 CLASS_NAMES = {"24gb": "24GB-class", "a100": "A100-class", "h100": "H100-class", "h200": "H200-class"}
 CLASS_NAMES |= {"b200": "B200-class", "spark": "DGX Spark", "cpu": "CPU only", "gpu": "other GPUs"}
 # The guide's residency: policy, reference model (the KL term) and a colocated vLLM engine; one
@@ -65,7 +65,7 @@ LADDER = (
     ),
 )
 # What the guide's "Memory Anchors by Size Class" says, per size class, beside what this suite finds.
-SEED_SAYS = {
+GUIDE_SAYS = {
     "0.5b": "24GB-class, with vLLM sleep + 8-bit AdamW + checkpointing together",
     "1.5b": "24GB-class, with vLLM sleep + 8-bit AdamW + checkpointing together",
     "3b": "24GB-class, with vLLM sleep + 8-bit AdamW + checkpointing together",
@@ -183,17 +183,36 @@ def sizing_table(results: list[Result], every: list[Result] | None = None) -> st
     measured or predicted, with the step's seconds), pivoted, beside what the guide says and the smallest class
     that fits. ``every``: all results (the time model's fitted run among them), default ``results``."""
     catalog, shapes = load_hardware(), load_shapes()
-    every = results if every is None else every
-    measured = measured_cells(results)
-    classes = list(SEED_ANCHORS)
+    classes = _sizing_classes(results, catalog)
+    sizes = sorted((n for n in shapes if not n.startswith("tiny")), key=lambda n: shapes[n].param_count())
+    frame = _sizing_cells(sizes, classes, measured_cells(results), results if every is None else every)
+    columns = {c: f"{CLASS_NAMES.get(c, c)} ({_hardware_for(c, catalog)[1].memory_gib:g} GiB)" for c in classes}
+    table = frame.pivot(index="size", columns="class", values="text").reindex(index=sizes, columns=classes)
+    gpu_fits = (  # the fewest GPUs, then the smallest class (the classes are in order of memory)
+        frame[frame.fits & (frame["class"] != "cpu")].sort_values("gpus", kind="stable").drop_duplicates("size")
+    ).set_index("size")
+    smallest = [gpu_fits.at[s, "named"] if s in gpu_fits.index else "none of these classes" for s in sizes]
+    table.insert(0, "Feasible with (smallest class that fits)", smallest)
+    table.insert(0, "The guide says", [GUIDE_SAYS.get(s, "(not in its table)") for s in sizes])
+    table.insert(0, "Size class", [f"{s} ({shapes[s].param_count() / 1e9:.1f}B)" for s in sizes])
+    return "\n".join([frames.markdown(table.rename(columns=columns)), "", *_sizing_notes()]) + "\n"
+
+
+def _sizing_classes(results: list[Result], catalog: dict[str, Hardware]) -> list[str]:
+    """The guide's classes and every class with a GRPO result, smallest memory first."""
+    classes = list(GUIDE_ANCHORS)
     classes += [
         c for c in dict.fromkeys(frames.size_class(r.hardware) for r in results if r.kind == "grpo") if c not in classes
     ]
-    classes.sort(
-        key=lambda c: _hardware_for(c, catalog)[1].memory_gib if c in {h.size_class for h in catalog.values()} else 0
-    )
-    sizes = sorted((n for n in shapes if not n.startswith("tiny")), key=lambda n: shapes[n].param_count())
-    cells = []
+    known = {h.size_class for h in catalog.values()}
+    return sorted(classes, key=lambda c: _hardware_for(c, catalog)[1].memory_gib if c in known else 0)
+
+
+def _sizing_cells(
+    sizes: list[str], classes: list[str], measured: dict[tuple[str, str], str], every: list[Result]
+) -> pd.DataFrame:
+    """One row per size class and hardware class: the cell's text, whether it fits, on how many GPUs."""
+    catalog, cells = load_hardware(), []
     for size in sizes:
         for size_class in classes:
             _, hardware = _hardware_for(size_class, catalog)
@@ -207,18 +226,11 @@ def sizing_table(results: list[Result], every: list[Result] | None = None) -> st
                 text, fits, count = _predicted_text(size, size_class, hardware, every)
             named = text if text.startswith(f"{count} x {name}") else f"{name}: {text}"
             cells.append({"size": size, "class": size_class, "text": text, "fits": fits, "gpus": count, "named": named})
-    frame = pd.DataFrame(cells)
-    columns = {c: f"{CLASS_NAMES.get(c, c)} ({_hardware_for(c, catalog)[1].memory_gib:g} GiB)" for c in classes}
-    table = frame.pivot(index="size", columns="class", values="text").reindex(index=sizes, columns=classes)
-    gpu_fits = (  # the fewest GPUs, then the smallest class (the classes are in order of memory)
-        frame[frame.fits & (frame["class"] != "cpu")].sort_values("gpus", kind="stable").drop_duplicates("size")
-    ).set_index("size")
-    smallest = [gpu_fits.at[s, "named"] if s in gpu_fits.index else "none of these classes" for s in sizes]
-    table.insert(0, "Feasible with (smallest class that fits)", smallest)
-    table.insert(0, "The guide says", [SEED_SAYS.get(s, "(not in its table)") for s in sizes])
-    table.insert(0, "Size class", [f"{s} ({shapes[s].param_count() / 1e9:.1f}B)" for s in sizes])
-    notes = [
-        "",
+    return pd.DataFrame(cells)
+
+
+def _sizing_notes() -> list[str]:
+    return [
         f"Predicted cells: the analytic model (`python -m benchmarks estimate`) for one GRPO step of "
         f"{SIZING_WORKLOAD.completions} completions x {SIZING_WORKLOAD.completion_tokens} tokens after "
         f"{SIZING_WORKLOAD.prompt_tokens}-token prompts, {SIZING_DTYPE}, a reference model (beta 0.04) and a "
@@ -240,7 +252,6 @@ def sizing_table(results: list[Result], every: list[Result] | None = None) -> st
         + time_tables.tv.FITTED_TIME_FILES[0]
         + " (that machine's calibration).",
     ]
-    return "\n".join([frames.markdown(table.rename(columns=columns))] + notes) + "\n"
 
 
 def decode_table(results: list[Result]) -> str:
