@@ -17,7 +17,8 @@ import pytest
 from benchmarks import cli
 from benchmarks.catalog import profiles as profile
 from benchmarks.results import schema
-from benchmarks.run import devices, grpo, worker
+from benchmarks.run import configuration, devices, grpo, worker
+from benchmarks.run.sampler import MemorySampler
 
 GIB = 2**30
 
@@ -177,7 +178,7 @@ def job(tmp_path, **levers) -> dict:
 
 def test_server_mode_on_one_gpu_is_skipped_with_the_reason(tmp_path, stand_in, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    record = grpo.run_configuration(
+    record = configuration.run_configuration(
         job(tmp_path, use_vllm=True, vllm_mode="server"),
         None,
         tmp_path / "w.log",
@@ -194,7 +195,7 @@ def test_server_mode_on_one_gpu_is_skipped_with_the_reason(tmp_path, stand_in, m
 def test_server_mode_gives_the_server_a_gpu_apart_from_the_trainer_s(tmp_path, stand_in, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     nvml = FakeNVML(gpu("NVIDIA H200", 140.4), gpu("NVIDIA H200", 140.4, index=1), gpu("NVIDIA H200", 140.4, index=2))
-    record = grpo.run_configuration(
+    record = configuration.run_configuration(
         job(tmp_path, use_vllm=True, vllm_mode="server"), None, tmp_path / "w.log", python=stand_in, nvml=nvml
     )
     assert record.status == "ok", record
@@ -210,7 +211,7 @@ def test_on_cuda_the_headline_peak_is_the_device_memory_of_the_worker_s_processe
         return {p.pid: GIB for p in psutil.Process().children(recursive=True)} | {1: 50 * GIB}
 
     nvml = FakeNVML(gpu("NVIDIA H200", 140.4, processes=ours))
-    record = grpo.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=nvml)
+    record = configuration.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=nvml)
     assert record.status == "ok", record
     assert record.steps[0].peak_device_bytes["rollout"] in (GIB, 2 * GIB)  # the bash wrapper may linger
     summary = record.summary
@@ -223,9 +224,11 @@ def test_on_cuda_the_budget_caps_the_worker_s_allocator_and_never_stops_it_by_ho
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     nvml = FakeNVML(gpu("NVIDIA H200", 140.4))
     tiny_budget = 1 << 20  # far under any worker's RSS: on a CPU it would be stopped as oom at once
-    record = grpo.run_configuration(job(tmp_path), tiny_budget, tmp_path / "w.log", python=stand_in, nvml=nvml)
+    record = configuration.run_configuration(job(tmp_path), tiny_budget, tmp_path / "w.log", python=stand_in, nvml=nvml)
     assert record.status == "ok", record
-    on_cpu = grpo.run_configuration(job(tmp_path), tiny_budget, tmp_path / "w2.log", python=stand_in, nvml=FakeNVML())
+    on_cpu = configuration.run_configuration(
+        job(tmp_path), tiny_budget, tmp_path / "w2.log", python=stand_in, nvml=FakeNVML()
+    )
     assert on_cpu.status == "oom" and "budget" in on_cpu.reason
 
 
@@ -233,29 +236,31 @@ def test_a_worker_that_did_not_run_on_the_gpu_is_headlined_by_host_rss(tmp_path,
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     nvml = FakeNVML(gpu("NVIDIA H200", 140.4, processes={1: 50 * GIB}))
     # a CPU build of torch on a GPU machine: NVML sees the GPU, the worker never touches it
-    record = grpo.run_configuration(
+    record = configuration.run_configuration(
         {**job(tmp_path), "cpu_torch": True}, None, tmp_path / "w.log", python=stand_in, nvml=nvml
     )
     assert record.summary.peak_measure == schema.HOST_RSS and record.steps[0].peak_device_bytes is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CUDA is given no device at all
-    record = grpo.run_configuration(job(tmp_path), None, tmp_path / "w2.log", python=stand_in, nvml=nvml)
+    record = configuration.run_configuration(job(tmp_path), None, tmp_path / "w2.log", python=stand_in, nvml=nvml)
     assert record.summary.peak_measure == schema.HOST_RSS and record.harness.gpus == []
 
 
 def test_on_cpu_the_headline_peak_is_host_rss(tmp_path, stand_in):
-    record = grpo.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=FakeNVML())
+    record = configuration.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=FakeNVML())
     assert record.summary.peak_bytes == record.summary.peak_rss_bytes > 0
     assert record.summary.peak_measure == schema.HOST_RSS and record.steps[0].peak_device_bytes is None
 
 
 def test_a_configuration_past_its_time_limit_is_a_timeout_in_its_phase_and_the_next_one_runs(tmp_path, stand_in):
     started = time.monotonic()
-    record = grpo.run_configuration(
+    record = configuration.run_configuration(
         {**job(tmp_path), "hang_s": 60}, None, tmp_path / "w.log", python=stand_in, timeout_s=2, nvml=FakeNVML()
     )
     assert time.monotonic() - started < 15
     assert record.status == "timeout" and record.phase == "setup" and "2 s" in record.reason
-    following = grpo.run_configuration(job(tmp_path), None, tmp_path / "w2.log", python=stand_in, nvml=FakeNVML())
+    following = configuration.run_configuration(
+        job(tmp_path), None, tmp_path / "w2.log", python=stand_in, nvml=FakeNVML()
+    )
     assert following.status == "ok"
 
 
@@ -306,7 +311,7 @@ def test_vllm_refusing_to_start_is_engine_cannot_start(message):
 
 def test_an_engine_process_refusing_to_start_is_recorded_as_engine_cannot_start(tmp_path, stand_in):
     refusal = "(EngineCore pid=7) ValueError: No available memory for the cache blocks. Try increasing ..."
-    record = grpo.run_configuration(
+    record = configuration.run_configuration(
         {**job(tmp_path), "engine_log": refusal}, None, tmp_path / "w.log", python=stand_in, nvml=FakeNVML()
     )
     assert record.status == "oom" and record.phase == "engine_start"
@@ -333,7 +338,7 @@ def test_a_launch_where_fewer_ranks_report_than_asked_for_is_an_error(tmp_path, 
     nvml = FakeNVML(*(gpu("NVIDIA H100", 79.65, index=i) for i in range(3)))
     two_ranks = {**job(tmp_path, num_processes=2, distributed_type="ddp"), "dtype": "bfloat16"}
     # the stand-in takes the launcher's place: one process, one rank's word, where two were asked for
-    record = grpo.run_configuration(two_ranks, None, tmp_path / "w.log", python=stand_in, nvml=nvml)
+    record = configuration.run_configuration(two_ranks, None, tmp_path / "w.log", python=stand_in, nvml=nvml)
     assert record.status == "error" and record.reason.startswith("1 of 2 ranks ended with a word")
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen["cuda_visible_devices"] == "GPU-00000000-fake,GPU-00000001-fake"  # a GPU per rank
@@ -354,7 +359,7 @@ def test_a_fork_of_a_worker_counts_only_its_own_pages_not_its_parent_s_again(tmp
     worker = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     try:
         time.sleep(2)
-        sampler = grpo.MemorySampler(worker.pid, None)
+        sampler = MemorySampler(worker.pid, None)
         sampler.list_members()
         (child,) = psutil.Process(worker.pid).children()
         assert child.memory_info().rss > 400 * 2**20  # what counting its RSS would add

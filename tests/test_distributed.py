@@ -10,7 +10,7 @@ pytest.importorskip("deepspeed")
 
 from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
 from benchmarks.model.estimate import rank_model_states  # noqa: E402
-from benchmarks.run import grpo, launch  # noqa: E402
+from benchmarks.run import configuration, launch, machines  # noqa: E402
 from benchmarks.run.models import materialise  # noqa: E402
 
 TINY = load_shapes()["tiny"]
@@ -34,7 +34,7 @@ def job(model_dir, **levers) -> dict:
 
 
 def test_two_ranks_under_zero3_each_hold_half_the_model_and_are_recorded_per_rank(model_dir, tmp_path):
-    record = grpo.run_configuration(
+    record = configuration.run_configuration(
         job(model_dir, num_processes=2, distributed_type="zero3"), None, tmp_path / "w.log", timeout_s=300
     )
     assert record.status == "ok", record.reason
@@ -61,7 +61,7 @@ def test_a_launch_that_runs_one_process_for_two_ranks_is_an_error_never_a_result
         return {**original(*args, **kwargs), "distributed_type": "MULTI_CPU"}
 
     monkeypatch.setattr(launch, "accelerate_config", cpu_launcher)
-    record = grpo.run_configuration(
+    record = configuration.run_configuration(
         job(model_dir, num_processes=2, distributed_type="ddp"), None, tmp_path / "w.log", timeout_s=300
     )
     assert record.status == "error" and not record.steps and record.summary is None
@@ -70,7 +70,7 @@ def test_a_launch_that_runs_one_process_for_two_ranks_is_an_error_never_a_result
 
 
 def test_fsdp2_on_a_cpu_is_skipped_with_the_reason_and_starts_nothing(model_dir, tmp_path):
-    record = grpo.run_configuration(
+    record = configuration.run_configuration(
         job(model_dir, num_processes=2, distributed_type="fsdp2"), None, tmp_path / "w.log", nvml=None
     )
     assert record.status == "skipped" and "plain DDP" in record.reason
@@ -80,7 +80,7 @@ def test_fsdp2_on_a_cpu_is_skipped_with_the_reason_and_starts_nothing(model_dir,
 def test_two_machines_over_loopback_through_submitit_s_local_executor_make_one_run(model_dir, tmp_path, monkeypatch):
     pytest.importorskip("submitit")
     monkeypatch.delenv("GRPO_BENCH_EXECUTOR", raising=False)
-    record = grpo.run_machines(
+    record = machines.run_machines(
         job(model_dir, num_processes=1, num_machines=2, distributed_type="zero3"),
         None,
         tmp_path / "w.log",
@@ -117,6 +117,8 @@ def test_the_accelerate_config_starts_from_trl_s_and_carries_the_levers(tmp_path
 
 def test_server_mode_over_many_machines_without_gpus_is_skipped_before_any_machine_starts(model_dir, tmp_path):
     levers = {"num_processes": 1, "num_machines": 2, "distributed_type": "zero3", "use_vllm": True}
-    record = grpo.run_machines(job(model_dir, **levers, vllm_mode="server"), None, tmp_path / "w.log", 300, gpus=False)
+    record = machines.run_machines(
+        job(model_dir, **levers, vllm_mode="server"), None, tmp_path / "w.log", 300, gpus=False
+    )
     assert record.status == "skipped" and "only over CUDA" in record.reason
     assert not (tmp_path / "w.submitit").exists()

@@ -14,7 +14,7 @@ from benchmarks.model.estimate import GIB, OUTSIDE_ALLOCATED
 from benchmarks.report import validation
 from benchmarks.results import schema
 from benchmarks.run import context, machine, worker
-from benchmarks.run.grpo import _summary
+from benchmarks.run.configuration import summarise
 from benchmarks.run.models import materialise
 from benchmarks.run.worker import Phases
 
@@ -72,7 +72,7 @@ def test_on_cuda_each_phase_reads_its_own_peak_not_the_pool_s_high_water_mark(mo
     memory.malloc(8 * GIB)  # the weights
     steps = [a_step(phases, memory, number) for number in range(2)]
 
-    summary = _summary(steps, "device memory held by the worker's processes (NVML usedGpuMemory)")
+    summary = summarise(steps, "device memory held by the worker's processes (NVML usedGpuMemory)")
     assert summary.phase_peak_measure == schema.TORCH_ALLOCATED
     assert summary.peak_bytes_by_phase == {"rollout": 9 * GIB, "forward_backward": 20 * GIB, "optimizer": 9 * GIB}
     # beside it the device's own figure, which keeps the training pool in every later phase
@@ -107,7 +107,7 @@ def test_a_cuda_configuration_is_compared_with_the_model_s_allocated_terms(grpo_
         )
     ]
     configuration = schema.Configuration(
-        name="base", levers={}, status="ok", steps=steps, summary=_summary(steps, "device memory")
+        name="base", levers={}, status="ok", steps=steps, summary=summarise(steps, "device memory")
     )
     run = grpo_run(configurations=[configuration])
     run.profile = schema.ProfileRecord(

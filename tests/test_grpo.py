@@ -17,7 +17,7 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
-from benchmarks.run.grpo import run_configuration  # noqa: E402
+from benchmarks.run.configuration import run_configuration  # noqa: E402
 from benchmarks.run.models import materialise  # noqa: E402
 
 BASE = Levers(num_generations=4, per_device_train_batch_size=4, max_completion_length=16)
@@ -127,7 +127,7 @@ def test_a_worker_does_not_outlive_its_harness(tmp_path):
     interpreter.chmod(0o755)
     harness = (
         "import os, threading, pathlib\n"
-        "from benchmarks.run.grpo import run_configuration\n"
+        "from benchmarks.run.configuration import run_configuration\n"
         "threading.Timer(1.0, lambda: os._exit(0)).start()\n"
         f"run_configuration({{'levers': {{}}}}, None, pathlib.Path({str(tmp_path / 'w.log')!r}), "
         f"python={str(interpreter)!r})\n"

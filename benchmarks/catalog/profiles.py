@@ -12,6 +12,7 @@ import functools
 import tomllib
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -490,38 +491,48 @@ def _check(profile: Profile, file: str) -> None:
         raise ProfileError(f"{file}: hardware: {profile.hardware!r} is not in profiles/hardware.toml")
     if profile.malloc_mmap_threshold < 0:
         raise ProfileError(f"{file}: malloc_mmap_threshold: must be at least 0")
+    for i, part in enumerate(profile.parts):
+        if part not in PARTS:
+            raise ProfileError(f"{file}: parts[{i}]: {part!r} is not one of {PARTS}")
     for part in GRPO_PARTS:
         if getattr(profile, part) is not None:
             _check_grpo(getattr(profile, part), file, part)
         if part in profile.parts and getattr(profile, part) is None:
             raise ProfileError(f"{file}: parts lists {part} but there is no [{part}] table")
-    if profile.decode.shape not in load_shapes():
-        raise ProfileError(f"{file}: decode.shape: {profile.decode.shape!r} is not in profiles/shapes.toml")
-    decode_lengths = ("probe_array_mib", "probe_repeats", "new_tokens", "repeats", "max_prefill_tokens")
-    _positive(profile.decode, decode_lengths, file, "decode")
-    for key in ("batches", "contexts"):
-        if any(v <= 0 for v in getattr(profile.decode, key)):
-            raise ProfileError(f"{file}: decode.{key}: every value must be positive")
-    for i, engine in enumerate(profile.decode.engines):
-        if engine not in DECODE_ENGINES:
-            raise ProfileError(f"{file}: decode.engines[{i}]: {engine!r} is not one of {', '.join(DECODE_ENGINES)}")
-    if profile.decode.weights not in WEIGHTS:
-        raise ProfileError(f"{file}: decode.weights: {profile.decode.weights!r} is not one of {', '.join(WEIGHTS)}")
-    if profile.decode.weights == "on-device" and "vllm" in profile.decode.engines:
-        raise ProfileError(f"{file}: decode: vLLM loads weights from disk; weights = 'on-device' leaves none there")
-    for i, name in enumerate(profile.decode.projection_shapes):
-        if name not in load_shapes():
-            raise ProfileError(f"{file}: decode.projection_shapes[{i}]: {name!r} is not in profiles/shapes.toml")
+    _check_decode(profile.decode, file)
     if profile.context is not None:
         _check_context(profile.context, file)
-    for i, fmt in enumerate(profile.rewards.formats):
-        if fmt not in FORMATS:
-            raise ProfileError(f"{file}: rewards.formats[{i}]: {fmt!r} is not one of {FORMATS}")
-    for i, part in enumerate(profile.parts):
-        if part not in PARTS:
-            raise ProfileError(f"{file}: parts[{i}]: {part!r} is not one of {PARTS}")
+    _check_rewards(profile.rewards, file)
+
+
+def _one_of(values: Sequence[Any], allowed: Sequence[Any], file: str, key: str) -> None:
+    for i, value in enumerate(values):
+        if value not in allowed:
+            raise ProfileError(f"{file}: {key}[{i}]: {value!r} is not one of {', '.join(map(str, allowed))}")
+
+
+def _check_decode(decode: DecodeBench, file: str) -> None:
+    if decode.shape not in load_shapes():
+        raise ProfileError(f"{file}: decode.shape: {decode.shape!r} is not in profiles/shapes.toml")
+    lengths = ("probe_array_mib", "probe_repeats", "new_tokens", "repeats", "max_prefill_tokens")
+    _positive(decode, lengths, file, "decode")
+    for key in ("batches", "contexts"):
+        if any(v <= 0 for v in getattr(decode, key)):
+            raise ProfileError(f"{file}: decode.{key}: every value must be positive")
+    _one_of(decode.engines, DECODE_ENGINES, file, "decode.engines")
+    if decode.weights not in WEIGHTS:
+        raise ProfileError(f"{file}: decode.weights: {decode.weights!r} is not one of {', '.join(WEIGHTS)}")
+    if decode.weights == "on-device" and "vllm" in decode.engines:
+        raise ProfileError(f"{file}: decode: vLLM loads weights from disk; weights = 'on-device' leaves none there")
+    for i, name in enumerate(decode.projection_shapes):
+        if name not in load_shapes():
+            raise ProfileError(f"{file}: decode.projection_shapes[{i}]: {name!r} is not in profiles/shapes.toml")
+
+
+def _check_rewards(rewards: RewardsBench, file: str) -> None:
+    _one_of(rewards.formats, FORMATS, file, "rewards.formats")
     for key in ("batch_sizes", "words"):
-        if any(v <= 0 for v in getattr(profile.rewards, key)):
+        if any(v <= 0 for v in getattr(rewards, key)):
             raise ProfileError(f"{file}: rewards.{key}: every value must be positive")
 
 

@@ -31,7 +31,7 @@ from benchmarks.catalog.shapes import Shape
 from benchmarks.model.estimate import GIB, Workload, estimate
 from benchmarks.results import schema
 from benchmarks.run import machine
-from benchmarks.run.grpo import run_configuration
+from benchmarks.run.configuration import run_configuration
 from benchmarks.run.models import materialise
 
 SEED_CLAIM = (

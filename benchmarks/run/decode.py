@@ -31,7 +31,7 @@ from benchmarks.model.bandwidth import decode_step_bytes, projections, projectio
 from benchmarks.model.estimate import DTYPE_BYTES
 from benchmarks.results import schema
 from benchmarks.run import devices, machine
-from benchmarks.run.grpo import VLLM_CPU_ENV
+from benchmarks.run.configuration import VLLM_CPU_ENV
 from benchmarks.run.models import build_on_device, materialise
 from benchmarks.run.probe import ceiling as ceiling_of
 from benchmarks.run.probe import probe
