@@ -284,8 +284,8 @@ def test_phase_boundaries_synchronize_cuda_before_the_clock_and_read_device_memo
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 7 * GIB)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 8 * GIB)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: calls.append("reset"))
-    real_clock = worker.time.perf_counter
-    monkeypatch.setattr(worker.time, "perf_counter", lambda: calls.append("clock") or real_clock())
+    real_clock = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: calls.append("clock") or real_clock())
     events = []
     phases = worker.Phases(SimpleNamespace(write=events.append, flush=lambda: None), cuda=True)
     calls.clear()

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.catalog import profiles
 from benchmarks.catalog.profiles import GRPO_CONFIG, LAUNCHER, LEVER_KINDS, MODEL_LOADING, SERVER, TRAINER, Levers
-from benchmarks.run import launch, worker
+from benchmarks.run import launch, trainer, worker
 from benchmarks.run.models import materialise
 
 # Every lever away from its default, each to a value the checks on load accept together.
@@ -64,7 +64,7 @@ def test_every_lever_is_declared_with_its_kind_and_help_and_set_away_from_its_de
 
 def test_every_grpo_config_lever_arrives_in_the_config(tmp_path):
     pytest.importorskip("trl")
-    config = worker.trainer_config(job(AWAY), cuda=False, output_dir=str(tmp_path), server_port=8000)
+    config = trainer.trainer_config(job(AWAY), cuda=False, output_dir=str(tmp_path), server_port=8000)
     for name in profiles.levers_of_kind(GRPO_CONFIG):
         assert getattr(config, name) == getattr(AWAY, name), name
 

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import cli
 from benchmarks.catalog import profiles
-from benchmarks.run import worker
+from benchmarks.run import trainer, worker
 
 LEVERS = dataclasses.asdict(profiles.Levers())
 
@@ -24,23 +24,23 @@ LEVERS = dataclasses.asdict(profiles.Levers())
     ],
 )
 def test_each_step_reward_brings_its_functions_and_the_columns_they_read(reward, names, columns):
-    functions, data = worker.step_rewards(reward, rows=6)
+    functions, data = trainer.step_rewards(reward, rows=6)
     assert [f.__name__ for f in functions] == names
     assert set(data) == columns and all(len(values) == 6 for values in data.values())
 
 
 def test_the_step_rewards_score_real_completions(sandbox):
-    functions, data = worker.step_rewards("execution", rows=2)
+    functions, data = trainer.step_rewards("execution", rows=2)
     right = "def add(a, b):\n    return a + b\n"
     assert functions[0]([right, "w1 w2 w3"], **data) == [1.0, 0.0]
-    functions, data = worker.step_rewards("format-exact", rows=1)
+    functions, data = trainer.step_rewards("format-exact", rows=1)
     text = "<reasoning>r</reasoning>\n<answer>42</answer>"
     assert [f([text], **data) for f in functions] == [[1.0], [2.0]]
 
 
 def test_an_unknown_step_reward_and_a_misspelt_lever_are_refused():
     with pytest.raises(ValueError, match="no such step reward"):
-        worker.step_rewards("judge", rows=1)
+        trainer.step_rewards("judge", rows=1)
     with pytest.raises(profiles.ProfileError, match="reward: 'exec' is not one of synthetic"):
         profiles.check_lever("reward", "exec", "cpu.toml", "grpo.extra[0].reward")
 
