@@ -35,7 +35,7 @@ from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.model import estimate, timing
 from benchmarks.report import compare, figures, tables, time_validation, validation
 from benchmarks.results import schema
-from benchmarks.run import context, decode, devices, grpo, machine, pace, worker
+from benchmarks.run import context, context_verdict, decode, devices, grpo, machine, pace, worker
 
 RESULTS = REPO / "results" / "runs"
 
@@ -368,7 +368,7 @@ def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespac
             parser.error(f"--python {item!r}: expected NAME=INTERPRETER with NAME one of {', '.join(CONTENDERS)}")
         pythons[name] = interpreter
     path = context.run_context(profile, pythons, args.out, overrides, args.quick)
-    context.print_context_summary(path)
+    context_verdict.print_context_summary(path)
     print(f"\nwrote {shown(path)}")
     return 0
 

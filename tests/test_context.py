@@ -13,7 +13,7 @@ from benchmarks.catalog.profiles import load, load_hardware, load_shapes
 from benchmarks.cli import RESULTS, main
 from benchmarks.model.estimate import GIB, Workload, estimate
 from benchmarks.results import schema
-from benchmarks.run import context
+from benchmarks.run import context, context_search
 
 
 def searched(name, settings, model_dir, logs, saves=None):
@@ -78,7 +78,7 @@ def test_the_guided_search_finds_the_full_search_s_bracket(threshold, model_erro
     def modelled(length):  # the fixed part off by 10%, the growth by model_error
         return 0.9 * 10**9 + (1 + model_error) * 10**6 * length
 
-    passed, failed = context.guided_search(probe, modelled, budget, 64, 8192, 0.125, 16)
+    passed, failed = context_search.guided_search(probe, modelled, budget, 64, 8192, 0.125, 16)
     assert passed <= threshold < failed and failed - passed <= max(16, passed * 0.125)
     assert len(probed) == len(set(probed)) and all(length % 16 == 0 for length in probed)
     full = context.search(counted(threshold)[0], start=64, ceiling=8192, resolution=0.125, granule=16)
@@ -92,10 +92,10 @@ def test_the_guided_search_finds_the_full_search_s_bracket(threshold, model_erro
 
 def test_the_guided_search_halves_where_nothing_fits_and_stops_at_a_fitting_ceiling():
     probe, probed, budget = linear_probe(0)
-    assert context.guided_search(probe, lambda n: n, budget, 64, 1024, 0.125, 16) == (None, 16)
+    assert context_search.guided_search(probe, lambda n: n, budget, 64, 1024, 0.125, 16) == (None, 16)
     assert probed == [64, 32, 16]
     probe, probed, budget = linear_probe(10**6)
-    assert context.guided_search(probe, lambda n: 0, budget, 64, 1024, 0.125, 16) == (1024, None)
+    assert context_search.guided_search(probe, lambda n: 0, budget, 64, 1024, 0.125, 16) == (1024, None)
     assert probed == [64, 1024]
 
 
@@ -158,7 +158,7 @@ def test_on_the_committed_searches_the_guided_search_finds_the_same_maxima(file,
 
         budget = int(settings.budget_gib * GIB)
         args = (settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule)
-        passed, failed = context.guided_search(probe, modelled, budget, *args)
+        passed, failed = context_search.guided_search(probe, modelled, budget, *args)
         best = contender.max_completion_tokens
         assert passed <= best < failed and failed <= max(passed + 16, passed * 1.125), contender.name
         assert len(probed) == len(set(probed)) and len(probed) <= most_probes, (contender.name, probed)

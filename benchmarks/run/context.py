@@ -17,7 +17,6 @@ ratio is what it is.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,24 +24,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.catalog.contenders import BASELINE, CONTENDERS, OPTIMIZED
+from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.catalog.profiles import ContextBench, Hardware, Levers, Profile, load_hardware, load_shapes
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.estimate import GIB, Workload, estimate
 from benchmarks.results import schema
 from benchmarks.run import machine
 from benchmarks.run.configuration import run_configuration
+from benchmarks.run.context_search import ProbeFailed, bracket, search
+from benchmarks.run.context_verdict import ratios, search_targets, verdict
 from benchmarks.run.models import materialise
 
-SEED_CLAIM = (
-    "Unsloth's chunked-loss RL path extends usable RL context to roughly 7x longer than an unchunked "
-    "GRPO setup at the same memory budget"
-)
-UNSLOTH_CLAIM = (
-    '"~7x longer context (can be more than 12x) vs. other optimized setups that use FA3, kernels & chunked losses"'
-)
-CLAIMED_RATIO = 7.0
-MAX_PROBES = 4  # per contender: the guided search's target
 SEARCHED = {
     "guided": (
         "model-guided (the first probe, then each next length at the boundary's best guess: a secant through the "
@@ -51,165 +43,6 @@ SEARCHED = {
     ),
     "doubling": "doubling from the first probe, then bisection",
 }
-
-
-class ProbeFailed(RuntimeError):
-    """A probe ended neither fitting nor out of memory (an error): the search cannot go on."""
-
-
-def search(
-    fits: Callable[[int], bool],
-    start: int,
-    ceiling: int,
-    resolution: float,
-    granule: int,
-    passed: int | None = None,
-    failed: int | None = None,
-) -> tuple:
-    """Doubling from ``start`` while ``fits`` (halving below it while not), then bisection until
-    ``first_fail <= last_pass * (1 + resolution)`` (or a granule apart). Returns
-    ``(last_pass, first_fail)``: None for a side never reached (nothing fits; the ceiling fits).
-    ``passed`` / ``failed``: lengths already probed, to go on from."""
-    if passed is not None and failed is None and passed >= ceiling:
-        return passed, None
-    if failed is not None and passed is None and failed <= granule:
-        return None, failed
-    if passed is None and failed is None:
-        length = start
-    elif failed is None:
-        length = min(2 * passed, ceiling)
-    else:
-        length = max(granule, failed // 2 // granule * granule)
-    while passed is None or failed is None:
-        if fits(length):
-            passed = length
-            if failed is None:
-                if length >= ceiling:
-                    return passed, None
-                length = min(2 * length, ceiling)
-        else:
-            failed = length
-            if passed is None:
-                if length <= granule:
-                    return None, failed
-                length = max(granule, length // 2 // granule * granule)
-    while failed - passed > max(granule, passed * resolution):
-        middle = round((passed + failed) / 2 / granule) * granule
-        if middle in (passed, failed):
-            break
-        if fits(middle):
-            passed = middle
-        else:
-            failed = middle
-    return passed, failed
-
-
-def guided_search(
-    probe: Callable[[int], tuple[bool, int | None]],
-    modelled: Callable[[int], int],
-    budget: int,
-    start: int,
-    ceiling: int,
-    resolution: float,
-    granule: int,
-) -> tuple:
-    """The model-guided search, to the full search's bracket and resolution in fewer probes.
-
-    ``probe(length)`` runs a step: (whether it fitted, its measured peak). ``modelled(length)`` is the
-    analytic model's peak. After each probe the next length is the search's best guess of the boundary:
-    a secant through the two longest fitting probes' measured peaks where their peaks grow, else the
-    model anchored on the longest fitting probe (its peak plus the model's growth from there). Lengths
-    lie on the granule grid, and a step is a resolution step as far as the grid allows. The probe is the
-    length whose step up is centred on the guess, at least a step above the longest fit: where the guess
-    is right it fits and the next probe, a step up, fails and closes the bracket. A guess past the first
-    failing length goes a step under it (once: the model was nearly right), amid the lengths whose fit
-    closes the bracket; otherwise a guess outside the bracket, or a bracket within two steps, is split in
-    log space. Where ``start`` does not fit, lengths halve as in ``search``. Returns ``search``'s
-    ``(last_pass, first_fail)``."""
-
-    grid = _Grid(granule, resolution)
-    fitting: list[tuple[int, int]] = []  # (length, measured peak) of every fitting probe
-    passed = failed = None
-    length, stepped_below = start, False
-    while True:
-        fits, peak = probe(length)
-        if fits:
-            passed = length
-            if peak:
-                fitting.append((length, peak))
-        else:
-            failed = length
-        if passed is None:  # nothing fits yet: halve, as the full search does
-            if length <= granule:
-                return None, failed
-            length = grid.down(length / 2)
-            continue
-        if failed is None and passed >= ceiling:
-            return passed, None
-        if failed is not None and (failed - passed <= granule or failed <= passed * (1 + resolution)):
-            return passed, failed
-        guess = _boundary_guess(sorted(fitting), modelled, budget, passed, failed or ceiling, granule)
-        length, stepped_below = _next_probe(grid, guess, passed, failed, ceiling, stepped_below)
-
-
-@dataclass(frozen=True)
-class _Grid:
-    """The lengths a search probes: multiples of ``granule``, a step up from a fit ``resolution`` long."""
-
-    granule: int
-    resolution: float
-
-    def down(self, length: float) -> int:
-        return max(self.granule, int(length) // self.granule * self.granule)
-
-    def up(self, length: float) -> int:
-        return max(self.granule, -int(-length // self.granule) * self.granule)
-
-    def step_from(self, length: int) -> int:
-        """The step up from a fitting length that closes the bracket."""
-        return max(self.granule, self.down(length * (1 + self.resolution)) - length)
-
-
-def _next_probe(
-    grid: _Grid, guess: float, passed: int, failed: int | None, ceiling: int, stepped_below: bool
-) -> tuple[int, bool]:
-    """The next length to probe for the boundary ``guess``, and whether the search has now stepped under a
-    failing length (see ``guided_search``)."""
-    granule, resolution = grid.granule, grid.resolution
-    high = failed if failed is not None else ceiling
-    # on the granule grid: the shortest length a step above ``passed`` (a fit there moves the bracket by
-    # a step) and, under ``failed``, the shortest whose fit closes the bracket
-    lowest = max(passed + granule, grid.down(passed * (1 + resolution)))
-    highest = high if failed is None else max(lowest, min(failed - granule, grid.up(failed / (1 + resolution))))
-    if failed is not None and guess >= failed and not stepped_below:  # just past the guess: a step under,
-        return grid.down((highest + failed - granule) / 2), True  # amid the lengths that close
-    if failed is not None and (failed <= passed * (1 + resolution) ** 2 or not passed < guess < failed):
-        guess = (passed * failed) ** 0.5
-    if failed is None and guess >= ceiling:  # the ceiling itself is probed as it is
-        return min(max(ceiling, lowest), highest), stepped_below
-    # the length whose step up is centred on the guess: a right guess fits, and one step up fails
-    nearby = range(grid.down(guess - grid.step_from(grid.down(guess))), grid.up(guess) + granule, granule)
-    centred = min(nearby, key=lambda length: abs(length + grid.step_from(length) / 2 - guess))
-    return min(max(centred, lowest), highest), stepped_below
-
-
-def _boundary_guess(
-    fitting: list[tuple[int, int]], modelled: Callable[[int], int], budget: int, passed: int, high: int, granule: int
-) -> float:
-    """Where the budget ends: the secant through the two longest fitting probes where their peaks grow,
-    else the model anchored on the longest fitting probe (or ``passed`` where none has a peak)."""
-    if len(fitting) >= 2 and fitting[-1][1] > fitting[-2][1]:
-        (a, peak_a), (b, peak_b) = fitting[-2:]
-        return b + (budget - peak_b) * (b - a) / (peak_b - peak_a)
-    if not fitting:
-        return float(passed)
-    anchor, peak = fitting[-1]
-    offset = peak - modelled(anchor)
-    longest, _ = search(lambda n: offset + modelled(n) <= budget, anchor, high, 0.0, granule)
-    if longest is None or longest >= high:
-        return float(longest or anchor)
-    below, above = offset + modelled(longest), offset + modelled(longest + granule)  # within the granule
-    return longest + granule * min(1.0, (budget - below) / (above - below)) if above > below else float(longest)
 
 
 def budgeted_peak(
@@ -416,43 +249,10 @@ class _Prober:
         return probed.fits, probed.peak_bytes
 
 
-def bracket(
-    settings: ContextBench, probe: Callable[[int], tuple[bool, int | None]], modelled: Callable[[int], int]
-) -> tuple:
-    """The settings' search over ``probe``: its (last fitting, first failing) lengths."""
-    bounds = (settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule)
-    if settings.search == "doubling":
-        return search(lambda length: probe(length)[0], *bounds)
-    return guided_search(probe, modelled, int(settings.budget_gib * GIB), *bounds)
-
-
 def _probe_line(probe: schema.Probe) -> str:
     peak = f"peak {probe.peak_bytes / GIB:.2f} GiB" if probe.peak_bytes else "no peak"
     what = "fits" if probe.fits else f"{probe.status} in {probe.phase or '?'}"
     return f"{what}, {peak} (predicted {probe.predicted_peak_bytes / GIB:.2f}), {probe.wall_s:.0f} s"
-
-
-RATIO_KINDS = {
-    "measured": lambda c: c.max_completion_tokens,
-    "predicted": lambda c: c.predicted_max_completion_tokens,
-    "anchored": lambda c: c.anchored_max_completion_tokens,
-}
-
-
-def ratios(contenders: list[schema.ContenderRun]) -> dict[str, dict[str, float | None]]:
-    """Max context of each contender over the unchunked baseline's and over TRL 1.16's, measured
-    and predicted (``measured_vs_trl-1.14.2``, ...)."""
-    by_name = {c.name: c for c in contenders if c.status == "measured"}
-    out: dict[str, dict[str, float | None]] = {}
-    for name, entry in by_name.items():
-        row: dict[str, float | None] = {}
-        for reference in (BASELINE, OPTIMIZED):
-            other = by_name.get(reference)
-            for kind, tokens in RATIO_KINDS.items():
-                mine, theirs = tokens(entry), tokens(other) if other else None
-                row[f"{kind}_vs_{reference}"] = mine / theirs if mine and theirs else None
-        out[name] = row
-    return out
 
 
 def logits_share(settings: ContextBench, hardware: Hardware, length: int, path: str) -> schema.LogitsShare:
@@ -464,50 +264,6 @@ def logits_share(settings: ContextBench, hardware: Hardware, length: int, path: 
     rest = sum(v for k, v in training.items() if k != "logits")
     return schema.LogitsShare(
         completion_tokens=length, logits_bytes=training["logits"], rest_bytes=rest, terms=training
-    )
-
-
-def verdict(contenders: list[schema.ContenderRun], table: dict[str, dict], cuda: bool) -> schema.Verdict:
-    """The claim, quoted, against the measured and the predicted ratio of Unsloth to the unchunked
-    baseline; inconclusive where a side of either search was not bounded."""
-    by_name = {c.name: c for c in contenders}
-    unsloth = next((c for c in contenders if c.stack == "unsloth"), None)
-    row = table.get(unsloth.name, {}) if unsloth else {}
-    measured, predicted = row.get(f"measured_vs_{BASELINE}"), row.get(f"predicted_vs_{BASELINE}")
-    backend = "Unsloth's GPU path" if cuda else "Unsloth's CPU backend (its efficient GRPO loss needs CUDA)"
-    if unsloth is None or BASELINE not in by_name:
-        text = f"not measured: the search needs both {BASELINE} and Unsloth among the contenders"
-    elif measured is None:
-        reasons = [
-            f"{c.name}: {c.reason or 'no length fits'}"
-            for c in (unsloth, by_name[BASELINE])
-            if c.status != "measured" or not c.max_completion_tokens
-        ]
-        text = "not measured: " + "; ".join(reasons)
-    else:
-        text = f"{backend} reached {measured:.1f}x the context of unchunked TRL 1.14.2 at this budget"
-        anchored = row.get(f"anchored_vs_{BASELINE}")
-        text += f" (the analytic model predicts {predicted:.1f}x" if predicted else " ("
-        text += f"; anchored on the first probes, {anchored:.1f}x)" if anchored else ")"
-        if unsloth.at_ceiling:
-            text += f"; Unsloth fitted the search's ceiling, so {measured:.1f}x is a lower bound: inconclusive"
-        elif by_name[BASELINE].at_ceiling:
-            text += "; the baseline fitted the search's ceiling: inconclusive, lower the budget"
-        else:
-            text += ": the ~7x claim " + (
-                "holds here." if measured >= CLAIMED_RATIO * 0.9 else "is not reproduced here."
-            )
-        versus = row.get(f"measured_vs_{OPTIMIZED}")
-        if versus is not None:
-            text += f" Against TRL 1.16's fused LM head (the 'other optimized setups'): {versus:.2f}x."
-    return schema.Verdict(
-        seed_claim=SEED_CLAIM,
-        unsloth_claim=UNSLOTH_CLAIM,
-        claimed_ratio=CLAIMED_RATIO,
-        measured_ratio_vs_unchunked=measured,
-        predicted_ratio_vs_unchunked=predicted,
-        anchored_ratio_vs_unchunked=row.get(f"anchored_vs_{BASELINE}"),
-        text=text,
     )
 
 
@@ -614,91 +370,3 @@ def earlier_search(results_dir: Path, hardware: str, settings: ContextBench) -> 
             if c.status == "measured"
         },
     )
-
-
-def search_targets(
-    contenders: list[schema.ContenderRun], earlier: schema.EarlierSearch | None, settings: ContextBench, wall_s: float
-) -> list[schema.Target]:
-    """The search's own targets, as measured: its time, its probes per contender, and its maxima against
-    the earlier search of the same settings, in the searches' own steps (``resolution`` of the earlier
-    maximum, at least a ``granule``)."""
-    measured = [c for c in contenders if c.status == "measured"]
-    agreement = []
-    for entry in measured:
-        theirs = (earlier.contenders.get(entry.name) or {}).get("max_completion_tokens") if earlier else None
-        if entry.max_completion_tokens and theirs:
-            step = max(settings.granule, theirs * settings.resolution)
-            agreement.append(abs(entry.max_completion_tokens - theirs) / step)
-    against = f" ({earlier.file})" if earlier else " (none here with these settings)"
-    return [
-        schema.Target.at_most("the search finishes within 20 minutes", wall_s, 1200),
-        schema.Target.at_most(
-            f"at most {MAX_PROBES} probes per contender",
-            max((len(c.probes) for c in measured), default=None),
-            MAX_PROBES,
-        ),
-        schema.Target.at_most(
-            f"each contender's maximum within one step (its resolution, at least a granule) of the earlier "
-            f"search's{against}: the largest difference in steps",
-            max(agreement, default=None),
-            1.0,
-        ),
-    ]
-
-
-def print_context_summary(path: Path) -> None:
-    run = schema.read_result(path, str(path)).record
-    search_settings = run.search
-    print(
-        f"\nbudget {search_settings.budget_gib} GiB ({search_settings.budget_enforced_by}); "
-        f"{run.shape.name} {search_settings.dtype}; {search_settings.searched}; "
-        f"{search_settings.completions_per_step} completions per step"
-    )
-    header = f"{'contender':20} {'status':9} {'max tokens':>10} {'predicted':>9} {'anchored':>8} {'probes':>6}"
-    print(f"{header}  ratios (measured / predicted / anchored)")
-    for entry in run.contenders:
-        row = (run.ratios or {}).get(entry.name, {})
-        ratio_text = "  ".join(
-            f"vs {ref}: " + " / ".join(_x(row.get(f"{kind}_vs_{ref}")) for kind in RATIO_KINDS)
-            for ref in (BASELINE, OPTIMIZED)
-        )
-        if entry.status != "measured":
-            print(f"{entry.name:20} {entry.status:9} {entry.reason}")
-            continue
-        best = entry.max_completion_tokens
-        best_text = "none" if best is None else f">={best}" if entry.at_ceiling else str(best)
-        print(
-            f"{entry.name:20} {'measured':9} {best_text:>10} "
-            f"{entry.predicted_max_completion_tokens or 'none':>9} "
-            f"{entry.anchored_max_completion_tokens or 'none':>8} {len(entry.probes):>6}  {ratio_text}"
-        )
-    for name, share in run.prediction.items():
-        print(
-            f"model at {name}'s max ({share.completion_tokens} tokens): "
-            f"logits {share.logits_bytes / GIB:.2f} GiB against the rest {share.rest_bytes / GIB:.2f} GiB"
-        )
-    errors = [
-        abs(p.predicted_peak_bytes - p.peak_bytes) / p.peak_bytes
-        for entry in run.contenders
-        for p in entry.probes
-        if p.fits and p.peak_bytes
-    ]
-    if errors:
-        print(f"analytic peak vs measured over the fitting probes: median abs error {statistics.median(errors):.0%}")
-    print(f"\nclaim (seed): {run.verdict.seed_claim}")
-    print(f"claim (Unsloth): {run.verdict.unsloth_claim}")
-    print(
-        "predicted: the analytic model alone; anchored: its per-token terms on top of the smallest fitting "
-        "probe's measured peak (its fixed part replaced by the measurement)"
-    )
-    print(f"verdict: {run.verdict.text}")
-    if run.earlier:
-        print(f"earlier search of these settings: {run.earlier.file}")
-        for name, earlier in run.earlier.contenders.items():
-            print(f"  {name:20} max {earlier['max_completion_tokens']} in {earlier['probes']} probes")
-    for target in run.targets:
-        print(target.line())
-
-
-def _x(value: float | None) -> str:
-    return f"{value:.2f}x" if value else "-"
