@@ -33,7 +33,7 @@ from benchmarks import REPO
 from benchmarks.catalog import profiles, shapes
 from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.model import estimate, timing
-from benchmarks.report import compare, figures, tables, time_validation, validation
+from benchmarks.report import compare, figures, sizing, tables, time_validation, validation
 from benchmarks.results import schema
 from benchmarks.run import context, context_verdict, decode, devices, grpo, machine, pace, worker
 
@@ -253,7 +253,7 @@ def print_what_would_fit(sizer: Sizer, levers: profiles.Levers) -> None:
     """The lightest lever set over these levers on as many GPUs, and the fewest GPUs, that would hold it."""
     gpus, name = levers.world_size, sizer.hardware.name
     lighter = [
-        (label, change) for label, change in tables.ladder(sizer.hardware) if sizer.fits(replace(levers, **change))
+        (label, change) for label, change in sizing.ladder(sizer.hardware) if sizer.fits(replace(levers, **change))
     ]
     if lighter:
         label, change = lighter[0]

@@ -1,0 +1,231 @@
+"""The guide's "Memory Anchors by Size Class" (``sizing.md``): per size class and hardware class the fewest
+GPUs and the lightest lever set that fit, each cell measured (a GRPO result file) or predicted (the memory
+model), with the step's seconds (the time model)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+
+from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
+from benchmarks.model.estimate import GIB, GPU_COUNTS, Workload, engine_need, estimate, on_gpus
+from benchmarks.report import frames, time_tables
+from benchmarks.results.schema import Result
+
+GUIDE_ANCHORS = ("24gb", "h200", "b200")  # the classes the guide's table names: always shown
+CLASS_NAMES = {"24gb": "24GB-class", "a100": "A100-class", "h100": "H100-class", "h200": "H200-class"}
+CLASS_NAMES |= {"b200": "B200-class", "spark": "DGX Spark", "cpu": "CPU only", "gpu": "other GPUs"}
+# The guide's residency: policy, reference model (the KL term) and a colocated vLLM engine; one
+# prompt's 8 generations of 1024 tokens after a 256-token prompt, bf16.
+SIZING_DTYPE = "bfloat16"
+SIZING_WORKLOAD = Workload(completions=8, prompt_tokens=256, completion_tokens=1024)
+SIZING_BASE = Levers(
+    use_vllm=True, beta=0.04, num_generations=8, per_device_train_batch_size=8, max_completion_length=1024
+)
+# Lever sets from the least machinery to the most; the first that fits is the cell.
+LADDER = (
+    ("full, AdamW", {}),
+    ("full, AdamW, checkpointing", {"gradient_checkpointing": True}),
+    ("full, 8-bit AdamW, checkpointing", {"gradient_checkpointing": True, "optim": "adamw_8bit"}),
+    (
+        "full, 8-bit AdamW, checkpointing, vLLM sleep",
+        {"gradient_checkpointing": True, "optim": "adamw_8bit", "vllm_enable_sleep_mode": True},
+    ),
+    ("LoRA, checkpointing", {"model": "lora", "gradient_checkpointing": True}),
+    (
+        "LoRA, checkpointing, vLLM sleep",
+        {"model": "lora", "gradient_checkpointing": True, "vllm_enable_sleep_mode": True},
+    ),
+    (
+        "QLoRA, checkpointing, vLLM sleep",
+        {"model": "qlora", "gradient_checkpointing": True, "vllm_enable_sleep_mode": True},
+    ),
+)
+# What the guide's "Memory Anchors by Size Class" says, per size class, beside what this suite finds.
+GUIDE_SAYS = {
+    "0.5b": "24GB-class, with vLLM sleep + 8-bit AdamW + checkpointing together",
+    "1.5b": "24GB-class, with vLLM sleep + 8-bit AdamW + checkpointing together",
+    "3b": "24GB-class, with vLLM sleep + 8-bit AdamW + checkpointing together",
+    "32b": "H200-class",
+    "70b": "B200-class",
+    "72b": "B200-class",
+}
+
+
+def _hardware_for(size_class: str, catalog: dict[str, Hardware]) -> tuple[str, Hardware]:
+    """A size class's smallest member: the one its cell has to fit."""
+    members = [(name, hw) for name, hw in catalog.items() if hw.size_class == size_class]
+    return min(members, key=lambda item: item[1].memory_gib)
+
+
+def _vllm_share(levers: Levers, shape_name: str, hardware: Hardware) -> Levers:
+    """The engine sized to the rollout: its weights in its own precision (4-bit for QLoRA, as TRL
+    starts it), the KV cache of the workload and vLLM's overheads, 10% slack."""
+    need = engine_need(load_shapes()[shape_name], SIZING_DTYPE, levers, SIZING_WORKLOAD).total
+    return replace(levers, vllm_gpu_memory_utilization=min(0.95, 1.1 * need / (hardware.memory_gib * GIB)))
+
+
+def ladder(hardware: Hardware) -> list[tuple[str, dict]]:
+    """The lever sets of LADDER that ``hardware`` can run: on a CPU neither QLoRA's 4-bit bitsandbytes
+    nor vLLM sleep mode, both CUDA only."""
+    if hardware.size_class != "cpu":
+        return list(LADDER)
+    return [(label, c) for label, c in LADDER if c.get("model") != "qlora" and not c.get("vllm_enable_sleep_mode")]
+
+
+def predicted_cell(shape_name: str, hardware: Hardware) -> tuple[int, str, float, Levers] | None:
+    """The fewest GPUs of ``hardware`` (``GPU_COUNTS``: 1, 2, 4, 8, then 8-GPU machines) and the first
+    lever set of LADDER on them whose predicted peak per GPU fits, with that peak and levers; many GPUs run ZeRO-3
+    with the colocated engine split over each machine's ranks (``on_gpus``). A CPU is one machine."""
+    shape = load_shapes()[shape_name]
+    counts = (1,) if hardware.size_class == "cpu" else GPU_COUNTS
+    for count in counts:
+        for label, change in ladder(hardware):
+            levers = _vllm_share(on_gpus(replace(SIZING_BASE, **change), count), shape_name, hardware)
+            predicted = estimate(shape, SIZING_DTYPE, levers, SIZING_WORKLOAD, hardware, malloc_fixed=True)
+            if predicted.fits(hardware.memory_gib * GIB):
+                return count, label + (", ZeRO-3" if count > 1 else ""), predicted.peak, levers
+    return None
+
+
+def _lever_label(levers: Levers) -> str:
+    parts = [levers.model, levers.optim]
+    parts += ["checkpointing"] * levers.gradient_checkpointing
+    if levers.use_vllm:
+        parts.append(f"vLLM {levers.vllm_mode}" + (" + sleep" if levers.vllm_enable_sleep_mode else ""))
+    parts += [f"beta {levers.beta}"] * (levers.beta > 0)
+    return ", ".join(parts)
+
+
+def _lightness(levers: Levers) -> tuple:
+    """Fewer levers engaged first: full before LoRA before QLoRA, then optimizer, checkpointing, sleep."""
+    return (
+        ("full", "lora", "qlora").index(levers.model),
+        levers.optim.endswith("8bit"),
+        levers.gradient_checkpointing,
+        levers.vllm_enable_sleep_mode,
+    )
+
+
+def measured_cells(results: list[Result]) -> dict[tuple[str, str], str]:
+    """(size class, hardware class) -> the cell text from GRPO result files, newest file first: the
+    lightest configuration that ran within its budget, or "does not fit" when every one ran out."""
+    configurations = frames.configurations([r for r in results if not r.quick])
+    if configurations.empty:
+        return {}
+    ran = configurations[configurations.status.isin(["ok", "oom"])].copy()
+    ran["lightness"], ran["label"] = ran.levers.map(_lightness), ran.levers.map(_lever_label)
+    cells: dict[tuple[str, str], str] = {}
+    for (shape, size, file, date), group in ran.sort_values("date", kind="stable").groupby(
+        ["shape", "size_class", "file", "date"], sort=False
+    ):
+        where = f"measured: {file}, {date}"
+        fits = group[group.status == "ok"].sort_values("lightness", kind="stable")
+        if len(fits):
+            best = fits.iloc[0]
+            what = "device" if "device" in best.peak_measure else "host RSS"
+            timed = f"{best.step_s:.1f} s/step, rollout {best.rollout_share:.0%}"
+            cells[(shape, size)] = f"fits with {best.label} ({best.peak_bytes / GIB:.1f} GiB {what}; {timed}; {where})"
+        else:
+            cells[(shape, size)] = f"does not fit: every configuration ran out of memory ({where})"
+    return cells  # groups in date order: the newest file of a cell is the last written
+
+
+def _predicted_text(size: str, size_class: str, hardware: Hardware, every: list[Result]) -> tuple[str, bool, int]:
+    """A predicted cell: the GPUs and lever set that fit, the peak and the step's seconds; whether it fits."""
+    name = CLASS_NAMES.get(size_class, size_class)
+    cell = predicted_cell(size, hardware)
+    if cell is None:
+        if size_class == "cpu":
+            return "does not fit (predicted)", False, 1
+        return f"does not fit {GPU_COUNTS[-1]} GPUs at this workload per GPU (predicted)", False, 1
+    count, label, peak, levers = cell
+    rates = time_tables.class_rates(hardware, every, levers.num_processes)
+    timed = (
+        ""
+        if rates is None
+        else "; "
+        + time_tables.cell_text(
+            time_tables.cell_time(size, SIZING_DTYPE, levers, replace(SIZING_WORKLOAD, generated=0), rates)
+        )
+    )
+    if size_class == "cpu":
+        return f"{label} ({peak / GIB:.0f} GiB{timed}; predicted)", True, count
+    return f"{count} x {name}: {label} ({peak / GIB:.0f} GiB per GPU{timed}; predicted)", True, count
+
+
+def sizing_table(results: list[Result], every: list[Result] | None = None) -> str:
+    """The guide's "Memory Anchors by Size Class": a frame of cells (size class x hardware class, each
+    measured or predicted, with the step's seconds), pivoted, beside what the guide says and the smallest class
+    that fits. ``every``: all results (the time model's fitted run among them), default ``results``."""
+    catalog, shapes = load_hardware(), load_shapes()
+    classes = _sizing_classes(results, catalog)
+    sizes = sorted((n for n in shapes if not n.startswith("tiny")), key=lambda n: shapes[n].param_count())
+    frame = _sizing_cells(sizes, classes, measured_cells(results), results if every is None else every)
+    columns = {c: f"{CLASS_NAMES.get(c, c)} ({_hardware_for(c, catalog)[1].memory_gib:g} GiB)" for c in classes}
+    table = frame.pivot(index="size", columns="class", values="text").reindex(index=sizes, columns=classes)
+    gpu_fits = (  # the fewest GPUs, then the smallest class (the classes are in order of memory)
+        frame[frame.fits & (frame["class"] != "cpu")].sort_values("gpus", kind="stable").drop_duplicates("size")
+    ).set_index("size")
+    smallest = [gpu_fits.at[s, "named"] if s in gpu_fits.index else "none of these classes" for s in sizes]
+    table.insert(0, "Feasible with (smallest class that fits)", smallest)
+    table.insert(0, "The guide says", [GUIDE_SAYS.get(s, "(not in its table)") for s in sizes])
+    table.insert(0, "Size class", [f"{s} ({shapes[s].param_count() / 1e9:.1f}B)" for s in sizes])
+    return "\n".join([frames.markdown(table.rename(columns=columns)), "", *_sizing_notes()]) + "\n"
+
+
+def _sizing_classes(results: list[Result], catalog: dict[str, Hardware]) -> list[str]:
+    """The guide's classes and every class with a GRPO result, smallest memory first."""
+    classes = list(GUIDE_ANCHORS)
+    classes += [
+        c for c in dict.fromkeys(frames.size_class(r.hardware) for r in results if r.kind == "grpo") if c not in classes
+    ]
+    known = {h.size_class for h in catalog.values()}
+    return sorted(classes, key=lambda c: _hardware_for(c, catalog)[1].memory_gib if c in known else 0)
+
+
+def _sizing_cells(
+    sizes: list[str], classes: list[str], measured: dict[tuple[str, str], str], every: list[Result]
+) -> pd.DataFrame:
+    """One row per size class and hardware class: the cell's text, whether it fits, on how many GPUs."""
+    catalog, cells = load_hardware(), []
+    for size in sizes:
+        for size_class in classes:
+            _, hardware = _hardware_for(size_class, catalog)
+            count, name = 1, CLASS_NAMES.get(size_class, size_class)
+            if (size, size_class) in measured:
+                text = measured[(size, size_class)]
+                fits = text.startswith("fits")
+            elif not hardware.memory_gib:  # the generic `gpu` class: each device's own memory, in its files
+                text, fits = "(no prediction: the class's memory is each device's own)", False
+            else:
+                text, fits, count = _predicted_text(size, size_class, hardware, every)
+            named = text if text.startswith(f"{count} x {name}") else f"{name}: {text}"
+            cells.append({"size": size, "class": size_class, "text": text, "fits": fits, "gpus": count, "named": named})
+    return pd.DataFrame(cells)
+
+
+def _sizing_notes() -> list[str]:
+    return [
+        f"Predicted cells: the analytic model (`python -m benchmarks estimate`) for one GRPO step of "
+        f"{SIZING_WORKLOAD.completions} completions x {SIZING_WORKLOAD.completion_tokens} tokens after "
+        f"{SIZING_WORKLOAD.prompt_tokens}-token prompts, {SIZING_DTYPE}, a reference model (beta 0.04) and a "
+        "colocated vLLM engine sized to the rollout (the guide's three-way residency); the first lever set that "
+        "fits, in the order: " + "; ".join(label for label, _ in LADDER) + ".",
+        "Each cell is the fewest GPUs of its class that fit (1, 2, 4, 8, then 8-GPU machines: "
+        f"{', '.join(map(str, GPU_COUNTS))}), then the lightest lever set; on many GPUs the model states are "
+        "partitioned with DeepSpeed ZeRO-3 (per GPU as DeepSpeed's own estimator counts them) and the colocated "
+        "engine is split over each machine's GPUs by tensor parallelism. The smallest class that fits is the one "
+        "needing the fewest GPUs, the smaller on a tie; the CPU column is one machine and skips QLoRA and vLLM "
+        "sleep mode (both need CUDA).",
+        "Measured cells: the lightest configuration that ran within the budget in the newest full (not --quick) "
+        "GRPO result file of that class and size class; its own workload and levers, as its file says, with its "
+        "measured median step and the rollout's share of it.",
+        "Seconds per step (per GPU, the synthetic reward's negligible cost; rewards.md gives a real reward's): the "
+        "time model (model.md), on GPU classes from their peaks at assumed efficiencies ("
+        + time_tables.tv.GPU_ASSUMPTION_NOTE
+        + "), on the CPU at the rates fitted on "
+        + time_tables.tv.FITTED_TIME_FILES[0]
+        + " (that machine's calibration).",
+    ]
