@@ -19,6 +19,7 @@ LAYERS = {
     "rewardbench": 3,  # the pytest-benchmark reward suite, a runner of its own
     "report": 4,  # tables, comparisons, figures from result files
     "cli": 5,
+    "estimating": 5,  # the estimate command
     "__main__": 5,
 }
 
@@ -114,3 +115,16 @@ def test_no_reader_indexes_a_result_by_a_record_s_key():
             ):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} [{node.slice.value!r}]")
     assert not found, "result keys indexed outside benchmarks/results/schema.py: " + ", ".join(found)
+
+
+SOURCES = sorted([*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "rewards").rglob("*.py"), PACKAGE.parent / "noxfile.py"])
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_no_module_is_over_500_lines_and_no_function_over_60(path):
+    text = path.read_text()
+    assert len(text.splitlines()) <= 500, f"{path.name}: {len(text.splitlines())} lines; split it within its layer"
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = node.end_lineno - node.lineno + 1
+            assert length <= 60, f"{path.name}:{node.lineno} {node.name}: {length} lines; split it along its paragraphs"
