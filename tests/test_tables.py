@@ -227,6 +227,14 @@ def test_the_committed_tables_are_what_the_committed_results_make(committed_resu
         assert path.read_text() == committed.read_text(), f"{committed} differs: run `nox -s tables`"
 
 
+def test_the_committed_comparison_is_what_the_committed_results_make(committed_results, tmp_path):
+    written = compare.write_comparison(compare.resolve_sides([], committed_results), tmp_path)
+    committed = REPO / "results" / "compare" / "previous-vs-newest"
+    assert {p.name for p in written} == {p.name for p in committed.iterdir()}, "run `nox -s compare`"
+    made = (tmp_path / "compare.md").read_text()
+    assert made == (committed / "compare.md").read_text(), f"{committed} differs: run `nox -s compare`"
+
+
 def test_the_readme_s_excerpt_is_what_the_committed_results_make(committed_results, tmp_path):
     results = schema.load_results(committed_results)
     cited = tables.headline(results)
