@@ -30,6 +30,7 @@ from pathlib import Path
 from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.catalog.contenders import CONTENDERS
+from benchmarks.catalog.levers import GUIDE_PROMPT_TOKENS
 from benchmarks.estimating import run_estimate
 from benchmarks.model import estimate
 from benchmarks.report import compare, figures, tables, validation
@@ -278,7 +279,9 @@ def _estimate_options(commands: argparse._SubParsersAction) -> None:
     guess.add_argument("--hardware", required=True, help="a hardware class of profiles/hardware.toml")
     guess.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 or float16 (default bfloat16)")
     guess.add_argument("--levers", default="", help="GRPOConfig fields and model/lora_r: k=v,k=v (TOML values)")
-    guess.add_argument("--prompt-tokens", type=int, default=256, help="prompt length (completions: the levers')")
+    guess.add_argument(
+        "--prompt-tokens", type=int, default=GUIDE_PROMPT_TOKENS, help="prompt length (completions: the levers')"
+    )
     guess.add_argument(
         "--min-gpus",
         action="store_true",

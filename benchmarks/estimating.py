@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from benchmarks import REPO
 from benchmarks.catalog import profiles, shapes
+from benchmarks.catalog.levers import GUIDE_LEVERS
 from benchmarks.model import estimate, timing
 from benchmarks.report import sizing, time_validation
 from benchmarks.results import schema
@@ -18,7 +19,8 @@ from benchmarks.run import pace
 RESULTS = REPO / "results" / "runs"
 
 
-ESTIMATE_BASE = {"num_generations": 8, "per_device_train_batch_size": 8, "max_completion_length": 1024}
+WORKLOAD_LEVERS = ("num_generations", "per_device_train_batch_size", "max_completion_length")
+ESTIMATE_BASE = {name: getattr(GUIDE_LEVERS, name) for name in WORKLOAD_LEVERS}  # the guide's workload
 
 
 def parse_levers(text: str, base: dict | None = None) -> profiles.Levers:

@@ -169,6 +169,12 @@ class Levers:
         return {name: getattr(self, name) for name in levers_of_kind(kind)}
 
 
+# The guide's workload: one prompt's 8 generations of 1024 tokens after a 256-token prompt, each completion in
+# one micro-batch; what the sizing table and `estimate` assume unless told otherwise.
+GUIDE_LEVERS = Levers(num_generations=8, per_device_train_batch_size=8, max_completion_length=1024)
+GUIDE_PROMPT_TOKENS = 256
+
+
 def levers_of_kind(kind: str) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(Levers) if f.metadata["kind"] == kind)
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pandas as pd
 
+from benchmarks.catalog.levers import GUIDE_LEVERS, GUIDE_PROMPT_TOKENS
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model.estimate import GIB, GPU_COUNTS, Workload, engine_need, estimate, on_gpus
 from benchmarks.report import frames, time_tables
@@ -19,10 +20,8 @@ CLASS_NAMES |= {"b200": "B200-class", "spark": "DGX Spark", "cpu": "CPU only", "
 # The guide's residency: policy, reference model (the KL term) and a colocated vLLM engine; one
 # prompt's 8 generations of 1024 tokens after a 256-token prompt, bf16.
 SIZING_DTYPE = "bfloat16"
-SIZING_WORKLOAD = Workload(completions=8, prompt_tokens=256, completion_tokens=1024)
-SIZING_BASE = Levers(
-    use_vllm=True, beta=0.04, num_generations=8, per_device_train_batch_size=8, max_completion_length=1024
-)
+SIZING_WORKLOAD = Workload.of(GUIDE_LEVERS, GUIDE_PROMPT_TOKENS)
+SIZING_BASE = replace(GUIDE_LEVERS, use_vllm=True, beta=0.04)
 # Lever sets from the least machinery to the most; the first that fits is the cell.
 LADDER = (
     ("full, AdamW", {}),
