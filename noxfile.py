@@ -79,16 +79,12 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks", "bench", *session.posargs)
 
 
-# The context search's contenders (docs/decode-and-context.md): each unmodified in
-# its own venv, sharing only this package's harness. TRL 1.16 is the `context` session's own.
-# Every stack gets the same transformers (Unsloth 2026.10.9's ceiling), so that only the loss differs.
-SAME_TRANSFORMERS = "transformers==5.17.0"
-CONTENDER_STACKS = {
-    "trl-1.14.2": ("trl==1.14.2", SAME_TRANSFORMERS),  # the last TRL that materialises (batch, seq, vocab) logits
-    "unsloth-2026.10.9": ("unsloth==2026.10.9", SAME_TRANSFORMERS),  # pins trl<=1.15, transformers<=5.17
-    "trl-1.16-liger": ("trl==1.16.*", "liger-kernel", SAME_TRANSFORMERS),  # Triton kernels: CUDA machines only
-}
-CUDA_ONLY = {"trl-1.16-liger"}
+# The context search's contenders (profiles/contenders.toml, which the code reads too): each unmodified in
+# its own venv, sharing only this package's harness; TRL 1.16 is the `context` session's own.
+CONTENDERS = nox.project.load_toml("profiles/contenders.toml")
+CONTENDER_STACKS = {name: tuple(c["pins"]) for name, c in CONTENDERS.items() if c.get("venv", "own") == "own"}
+CUDA_ONLY = {name for name, c in CONTENDERS.items() if c.get("needs_cuda")}
+CONTEXT_PINS = next(tuple(c["pins"]) for c in CONTENDERS.values() if c.get("venv") == "context")
 
 
 def _contender_session(name: str, pins: tuple[str, ...]) -> None:
@@ -116,7 +112,7 @@ for _name, _pins in CONTENDER_STACKS.items():
 @nox.session(default=False, requires=[f"contender-{name}" for name in CONTENDER_STACKS])
 def context(session: nox.Session) -> None:
     """The max-context search across the contenders (Unsloth's ~7x claim); options after `--`."""
-    _install(session, "grpo", torch=True, also=(SAME_TRANSFORMERS,))
+    _install(session, "grpo", torch=True, also=CONTEXT_PINS)
     interpreters = [f"trl-1.16={Path(session.bin) / 'python'}"]
     for name in CONTENDER_STACKS:
         path = _interpreters(session) / name

@@ -1,11 +1,16 @@
-"""The context search's contenders (``[context].contenders`` in a profile): each a stack in its own
-venv (noxfile.py), how the worker builds its policy, and the logits path the analytic model gives it."""
+"""The context search's contenders (``[context].contenders`` in a profile), read from
+``profiles/contenders.toml``: each a stack in its own venv (nox builds it from the same entry's pins), how
+the worker builds its policy, and the logits path the analytic model gives it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import tomllib
+from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks import REPO
+
+CATALOG = REPO / "profiles" / "contenders.toml"
 BASELINE, OPTIMIZED = "trl-1.14.2", "trl-1.16"  # the unchunked setup, and TRL's own fused head
 
 
@@ -14,37 +19,20 @@ class Contender:
     stack: str  # how the worker builds the policy: "trl" (GRPOTrainer + PEFT) or "unsloth" (FastLanguageModel)
     role: str
     logits_path: dict[str, str]  # per platform (cpu, cuda): a path of benchmarks.model.estimate.LOGITS_PATHS
-    levers: dict[str, Any]  # GRPOConfig fields over the search's levers
+    pins: tuple[str, ...]  # what its venv installs beside the worker (nox)
+    levers: dict[str, Any] = field(default_factory=dict)  # GRPOConfig fields over the search's levers
     needs_cuda: str | None = None  # why it cannot run without CUDA
+    venv: str = "own"  # "own": a venv of its own (nox's contender-NAME); "context": the context session's
 
 
-CONTENDERS = {
-    "trl-1.14.2": Contender(
-        "trl",
-        "the unchunked setup: full (completions, tokens, vocab) logits",
-        {"cpu": "materialised", "cuda": "materialised"},
-        {},
-    ),
-    "trl-1.16": Contender(
-        "trl", "TRL's fused, tiled LM head (since 1.15.0)", {"cpu": "trl-tiled", "cuda": "trl-tiled"}, {}
-    ),
-    "unsloth-2026.10.9": Contender(
-        "unsloth",
-        "Unsloth: on CUDA its GPU path (efficient GRPO loss); on CPU its CPU backend, stock TRL 1.15 "
-        "GRPOTrainer with cpu_chunked_log_probs (its efficient GRPO loss runs only on the GPU path)",
-        {"cpu": "row-chunked", "cuda": "unsloth-gpu"},
-        {},
-    ),
-    # TRL 1.16 has no Liger GRPO loss: `use_liger_kernel=True` applies Liger's layer kernels (RMSNorm,
-    # RoPE, SwiGLU) and turns Liger's fused linear cross-entropy off, keeping TRL's own fused LM head
-    # (trl/trainer/grpo_trainer.py, "only its layer kernels are applied"). So this contender measures
-    # Liger's layer kernels on top of TRL 1.16's tiled head, and its logits path is TRL's.
-    "trl-1.16-liger": Contender(
-        "trl",
-        "TRL 1.16 with Liger's layer kernels (RMSNorm, RoPE, SwiGLU); the loss is TRL's own fused LM head "
-        "(TRL 1.16 has no Liger GRPO loss)",
-        {"cpu": "trl-tiled", "cuda": "trl-tiled"},
-        {"use_liger_kernel": True},
-        needs_cuda="Liger's kernels are Triton GPU kernels (no CPU backend)",
-    ),
-}
+def load_contenders() -> dict[str, Contender]:
+    """Every contender of the catalog; an unknown or missing key is an error naming the entry."""
+    with open(CATALOG, "rb") as f:
+        table = tomllib.load(f)
+    try:
+        return {name: Contender(**{**entry, "pins": tuple(entry["pins"])}) for name, entry in table.items()}
+    except (TypeError, KeyError) as error:
+        raise ValueError(f"{CATALOG}: {error}") from None
+
+
+CONTENDERS = load_contenders()

@@ -266,7 +266,7 @@ def _read(path: Path) -> dict:
         raise ProfileError(f"{path}: not valid TOML: {error}") from None
 
 
-CATALOGS = ("hardware", "shapes")  # tables of classes, not run profiles
+CATALOGS = ("hardware", "shapes", "contenders")  # tables of classes and stacks, not run profiles
 
 
 def available(directory: Path = PROFILES_DIR) -> list[str]:
