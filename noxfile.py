@@ -126,7 +126,8 @@ def tables(session: nox.Session) -> None:
     """Regenerate results/tables/*.md, and the README's excerpt, from every result file
     (`-- --results DIR --out DIR --doc FILE`)."""
     _install(session, "report")
-    session.run("python", "-m", "benchmarks", "tables", *(session.posargs or ["--doc", "README.md"]))
+    docs = ["--doc", "README.md", "--doc", "docs/running.md"]
+    session.run("python", "-m", "benchmarks", "tables", *(session.posargs or docs))
 
 
 @nox.session(default=False)

@@ -235,13 +235,14 @@ def test_the_committed_comparison_is_what_the_committed_results_make(committed_r
     assert made == (committed / "compare.md").read_text(), f"{committed} differs: run `nox -s compare`"
 
 
-def test_the_readme_s_excerpt_is_what_the_committed_results_make(committed_results, tmp_path):
+@pytest.mark.parametrize(("document", "blocks"), [("README.md", ["steps"]), ("docs/running.md", ["runs"])])
+def test_the_documents_excerpts_are_what_the_committed_results_make(committed_results, tmp_path, document, blocks):
     results = schema.load_results(committed_results)
     cited = tables.headline(results)
-    readme = tmp_path / "README.md"
-    readme.write_text((REPO / "README.md").read_text())
-    assert tables.rewrite_document(readme, tables.build(cited, results), tables.last_verified(cited)) == ["steps"]
-    assert readme.read_text() == (REPO / "README.md").read_text(), "README.md's excerpt differs: run `nox -s tables`"
+    copy = tmp_path / "document.md"
+    copy.write_text((REPO / document).read_text())
+    assert tables.rewrite_document(copy, tables.build(cited, results), tables.last_verified(cited)) == blocks
+    assert copy.read_text() == (REPO / document).read_text(), f"{document}'s tables differ: run `nox -s tables`"
 
 
 def test_compare_matches_configurations_by_lever_values_across_versions(tmp_path):

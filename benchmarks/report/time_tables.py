@@ -13,6 +13,7 @@ from benchmarks.model.timing import Rates, StepTime, assumed_rates, step_time
 from benchmarks.report import frames
 from benchmarks.report import time_validation as tv
 from benchmarks.results.schema import Result
+from benchmarks.run import pace
 
 SPARK_VERSUS = "h200"  # the class Spark's hours stand beside
 SPARK_SHAPES = ("0.5b", "1.5b", "3b", "7b", "8b", "14b", "32b", "70b")
@@ -212,3 +213,39 @@ def steps_table(results: list[Result]) -> str:
         for row in ran.itertuples()
     ]
     return frames.markdown(pd.DataFrame(rows), numeric=("s/step", "rollout", "peak GiB")) + "\n"
+
+
+def runs_table(results: list[Result]) -> str:
+    """Every run that recorded its pace, a row each (its files share one calibration): the profile, the
+    machine and its calibration, each part's seconds, the whole run's time, the estimate's error and the
+    profile's time target."""
+    runs: dict[tuple, list[Result]] = {}
+    for result in results:
+        found = pace.pace_of(result.record)
+        if found is not None:
+            key = (pace.profile_name(result.record), result.quick, found.calibration.python_s)
+            runs.setdefault(key, []).append(result)
+    rows = [_run_row(files) for files in runs.values()]
+    if not rows:
+        return "No run recorded its pace yet.\n"
+    return frames.markdown(pd.DataFrame(rows)) + "\n"
+
+
+def _run_row(files: list[Result]) -> dict[str, str]:
+    paces = [pace.pace_of(r.record) for r in files]
+    last = paces[-1]
+    calibration = last.calibration
+    bandwidth = f", {calibration.bandwidth_gb_s:.0f} GB/s" if calibration.bandwidth_gb_s else ""
+    limit = [t for t in last.run_targets if "finishes within" in t.claim]
+    estimate = last.run_estimated_s / last.run_s - 1 if last.run_s and last.run_estimated_s else None
+    return {
+        "run": files[0].path.split("/")[-1][:16],
+        "profile": pace.profile_name(files[-1].record) + (" --quick" if files[-1].quick else ""),
+        "machine": getattr(getattr(files[-1].record, "machine", None), "cpu", ""),
+        "calibration (Python, tensor)": f"{calibration.python_s * 1e3:.0f} ms, {calibration.torch_s * 1e3:.0f} ms"
+        + bandwidth,
+        "parts": ", ".join(f"{r.kind} {p.part_s:.0f} s" for r, p in zip(files, paces)),
+        "whole run": pace.clock(last.run_s) if last.run_s else "(a part alone)",
+        "estimate": f"{estimate:+.0%}" if estimate is not None else "",
+        "time target": (f"{limit[0].limit / 60:g} min: " + ("met" if limit[0].met else "MISSED")) if limit else "",
+    }
