@@ -256,7 +256,7 @@ def _saved_bytes_per_layer_position(shape, dtype, lora, autocast):
 @pytest.mark.parametrize("name", ["135m", "0.5b"])
 @pytest.mark.parametrize("dtype, autocast", [("float32", False), ("bfloat16", False), ("bfloat16", True)])
 def test_lora_against_full_activations_agrees_with_what_autograd_keeps(name, dtype, autocast):
-    """The issue expected LoRA never to keep more than full fine-tuning; autograd says otherwise over a
+    """One might expect LoRA never to keep more than full fine-tuning; autograd says otherwise over a
     16-bit base (PEFT's fp32 adapters cast each adapted linear's input), and less in fp32. The model's
     LoRA-minus-full difference follows autograd in sign, within 5% of a full layer."""
     from benchmarks.model.estimate import layer_activation_bytes
