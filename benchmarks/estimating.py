@@ -165,7 +165,7 @@ def print_what_would_fit(sizer: Sizer, levers: profiles.Levers) -> None:
         )
 
 
-def step_rates(args: argparse.Namespace, levers: profiles.Levers, hardware: profiles.Hardware) -> timing.Rates:
+def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> timing.Rates:
     """This machine's rates (its calibration, the committed fit) for the cpu class, else the class's assumed ones;
     the reward's seconds a completion from the newest rewards part."""
     results = schema.load_results(RESULTS)
@@ -183,7 +183,7 @@ def print_step_time(
 ) -> None:
     """Seconds per phase and per step, throughput and GPU-hours, from the time model (and a cost, if priced)."""
     try:
-        rates = step_rates(args, levers, hardware)
+        rates = step_rates(levers, hardware)
     except ValueError as error:
         print(f"\nno time estimate: {error}")
         return

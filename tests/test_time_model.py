@@ -107,7 +107,7 @@ def test_the_fit_keeps_every_coefficient_non_negative():
 
 
 def test_a_step_s_hours_and_throughput_follow_from_its_seconds():
-    step = timing.StepTime({"rollout": 30.0, "forward_backward": 10.0}, completion_tokens=8192, gpus=4, source="")
+    step = timing.StepTime({"rollout": 30.0, "forward_backward": 10.0}, completion_tokens=8192, gpus=4)
     assert step.step_s == 40 and step.rollout_share == 0.75
     assert step.tokens_per_s_per_gpu == pytest.approx(8192 / 40)
     assert step.gpu_hours(1000) == pytest.approx(40 * 1000 * 4 / 3600)

@@ -65,7 +65,7 @@ def decode_table(results: list[Result]) -> str:
     lines.append(frames.markdown(pd.DataFrame(measured, columns=columns), numeric=("context", "GB/s", "of ceiling")))
     lines += ["", *precision_rows(rollout)]
     spark_levers = replace(SIZING_BASE, model="lora", gradient_checkpointing=True)
-    lines += ["", *time_tables.spark_rows(replace(SIZING_WORKLOAD, generated=0), spark_levers, SIZING_DTYPE)]
+    lines += ["", *time_tables.spark_rows(SIZING_WORKLOAD, spark_levers, SIZING_DTYPE)]
     return "\n".join(lines) + "\n"
 
 

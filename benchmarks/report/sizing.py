@@ -11,7 +11,9 @@ import pandas as pd
 from benchmarks.catalog.levers import GUIDE_LEVERS, GUIDE_PROMPT_TOKENS
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model.estimate import GIB, GPU_COUNTS, Workload, engine_need, estimate, on_gpus
+from benchmarks.model.timing import GPU_ASSUMPTIONS, Rates
 from benchmarks.report import frames, time_tables
+from benchmarks.report.time_validation import FITTED_TIME_FILES
 from benchmarks.results.schema import Result
 
 GUIDE_ANCHORS = ("24gb", "h200", "b200")  # the classes the guide's table names: always shown
@@ -131,8 +133,9 @@ def measured_cells(results: list[Result]) -> dict[tuple[str, str], str]:
     return cells  # groups in date order: the newest file of a cell is the last written
 
 
-def _predicted_text(size: str, size_class: str, hardware: Hardware, every: list[Result]) -> tuple[str, bool, int]:
-    """A predicted cell: the GPUs and lever set that fit, the peak and the step's seconds; whether it fits."""
+def _predicted_text(size: str, size_class: str, hardware: Hardware, rates: Rates | None) -> tuple[str, bool, int]:
+    """A predicted cell: the GPUs and lever set that fit, the peak and the step's seconds at ``rates`` (the
+    class's, per device); whether it fits."""
     name = CLASS_NAMES.get(size_class, size_class)
     cell = predicted_cell(size, hardware)
     if cell is None:
@@ -140,15 +143,9 @@ def _predicted_text(size: str, size_class: str, hardware: Hardware, every: list[
             return "does not fit (predicted)", False, 1
         return f"does not fit {GPU_COUNTS[-1]} GPUs at this workload per GPU (predicted)", False, 1
     count, label, peak, levers = cell
-    rates = time_tables.class_rates(hardware, every, levers.num_processes)
-    timed = (
-        ""
-        if rates is None
-        else "; "
-        + time_tables.cell_text(
-            time_tables.cell_time(size, SIZING_DTYPE, levers, replace(SIZING_WORKLOAD, generated=0), rates)
-        )
-    )
+    timed = ""
+    if rates is not None:
+        timed = "; " + time_tables.cell_text(time_tables.cell_time(size, SIZING_DTYPE, levers, SIZING_WORKLOAD, rates))
     if size_class == "cpu":
         return f"{label} ({peak / GIB:.0f} GiB{timed}; predicted)", True, count
     return f"{count} x {name}: {label} ({peak / GIB:.0f} GiB per GPU{timed}; predicted)", True, count
@@ -189,6 +186,8 @@ def _sizing_cells(
 ) -> pd.DataFrame:
     """One row per size class and hardware class: the cell's text, whether it fits, on how many GPUs."""
     catalog, cells = load_hardware(), []
+    # each class's rates once (the CPU's is a fit over the results), not once a cell
+    rates = {c: time_tables.class_rates(_hardware_for(c, catalog)[1], every) for c in classes}
     for size in sizes:
         for size_class in classes:
             _, hardware = _hardware_for(size_class, catalog)
@@ -199,7 +198,7 @@ def _sizing_cells(
             elif not hardware.memory_gib:  # the generic `gpu` class: each device's own memory, in its files
                 text, fits = "(no prediction: the class's memory is each device's own)", False
             else:
-                text, fits, count = _predicted_text(size, size_class, hardware, every)
+                text, fits, count = _predicted_text(size, size_class, hardware, rates[size_class])
             named = text if text.startswith(f"{count} x {name}") else f"{name}: {text}"
             cells.append({"size": size, "class": size_class, "text": text, "fits": fits, "gpus": count, "named": named})
     return pd.DataFrame(cells)
@@ -223,8 +222,8 @@ def _sizing_notes() -> list[str]:
         "measured median step and the rollout's share of it.",
         "Seconds per step (per GPU, the synthetic reward's negligible cost; rewards.md gives a real reward's): the "
         "time model (model.md), on GPU classes from their peaks at assumed efficiencies ("
-        + time_tables.tv.GPU_ASSUMPTION_NOTE
+        + GPU_ASSUMPTIONS
         + "), on the CPU at the rates fitted on "
-        + time_tables.tv.FITTED_TIME_FILES[0]
+        + FITTED_TIME_FILES[0]
         + " (that machine's calibration).",
     ]

@@ -9,7 +9,7 @@ import pandas as pd
 
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model.estimate import Workload
-from benchmarks.model.timing import Rates, StepTime, assumed_rates, step_time
+from benchmarks.model.timing import GPU_ASSUMPTIONS, Rates, StepTime, assumed_rates, step_time
 from benchmarks.report import frames
 from benchmarks.report import time_validation as tv
 from benchmarks.results.schema import Result
@@ -19,12 +19,12 @@ SPARK_VERSUS = "h200"  # the class Spark's hours stand beside
 SPARK_SHAPES = ("0.5b", "1.5b", "3b", "7b", "8b", "14b", "32b", "70b")
 
 
-def class_rates(hardware: Hardware, results: list[Result], sharing: int = 1) -> Rates | None:
-    """A class's rates: the CPU's from the fitted run's own calibration, a GPU class's assumed; None where
-    neither is known (no fitted run among ``results``, no peaks catalogued)."""
+def class_rates(hardware: Hardware, results: list[Result]) -> Rates | None:
+    """A class's rates for one device: the CPU's from the fitted run's own calibration, a GPU class's
+    assumed; None where neither is known (no fitted run among ``results``, no peaks catalogued)."""
     if hardware.size_class == "cpu":
         try:
-            return tv.fitted_machine_rates(results, sharing)
+            return tv.fitted_machine_rates(results)
         except ValueError:
             return None
     try:
@@ -50,8 +50,8 @@ def time_table(results: list[Result]) -> str:
     model, the errors per phase fitted and held out, and the targets."""
     measured = [r for r in results if not r.quick and r.complete]
     try:
-        checks = tv.validate_time(measured)
         coefficients = tv.fitted_coefficients(measured)
+        checks = tv.validate_time(measured, coefficients)
     except ValueError as error:
         return f"No time validation: {error}.\n"
     lines = [
@@ -84,7 +84,7 @@ def time_table(results: list[Result]) -> str:
     lines += [
         "",
         "GPU classes: no run on a GPU has been scored yet. Their rates are assumptions: "
-        f"{tv.GPU_ASSUMPTION_NOTE}; each class's peaks and links with their sources in profiles/hardware.toml.",
+        f"{GPU_ASSUMPTIONS}; each class's peaks and links with their sources in profiles/hardware.toml.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -137,7 +137,7 @@ def spark_rows(work: Workload, levers: Levers, dtype: str) -> list[str]:
         "Worth doing on a DGX Spark? Hours per 1,000 GRPO steps (one device, predicted by the time model), LoRA "
         f"with checkpointing, {work.completions} completions x {work.completion_tokens} tokens after "
         f"{work.prompt_tokens}-token prompts, the rollout by a colocated vLLM engine, {dtype}: Spark's rollout at its "
-        f"sustained 180 and 192 GB/s (the guide's budget), every other rate assumed ({tv.GPU_ASSUMPTION_NOTE}), "
+        f"sustained 180 and 192 GB/s (the guide's budget), every other rate assumed ({GPU_ASSUMPTIONS}), "
         f"beside an {versus.name} at its assumed rates. Memory is not checked here: sizing.md says what fits.",
         "",
         frames.markdown(pd.DataFrame(rows)),

@@ -13,7 +13,6 @@ from benchmarks.catalog.profiles import load_shapes
 from benchmarks.model.estimate import Workload
 from benchmarks.model.timing import (
     CALIBRATION_FLOPS,
-    GPU_ASSUMPTIONS,
     Coefficients,
     Rates,
     calibration_units,
@@ -39,7 +38,6 @@ REWARD_ROWS = {
     "schema": ("schema_reward",),
     "execution": ("test_execution_reward",),
 }
-GPU_ASSUMPTION_NOTE = GPU_ASSUMPTIONS
 STEP_WITHIN = (0.15, 0.35)  # the whole step, held out: median and worst relative error
 PHASE_WITHIN = 0.25  # each phase over PHASE_SHARE of its step, held out: median relative error
 PHASE_SHARE = 0.10
@@ -174,10 +172,10 @@ def fitted_coefficients(results: list[Result]) -> Coefficients:
     return fit(rows, " and ".join(FITTED_TIME_FILES))
 
 
-def validate_time(results: list[Result]) -> list[TimeCheck]:
+def validate_time(results: list[Result], coefficients: Coefficients | None = None) -> list[TimeCheck]:
     """Predicted against measured seconds, per phase and for the whole step, for every configuration of
-    a GRPO result file whose run recorded a calibration."""
-    coefficients = fitted_coefficients(results)
+    a GRPO result file whose run recorded a calibration (``coefficients``: the fit, if already made)."""
+    coefficients = coefficients or fitted_coefficients(results)
     checks = []
     for result, configuration, calibration in _measured(results):
         shape, dtype, levers, work = _workload(result, configuration)
