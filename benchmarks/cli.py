@@ -121,11 +121,9 @@ def print_rewards_summary(path: Path) -> None:
         print(f"target: {target.claim} (>= {target.minimum_ratio:g}x): {verdict}")
 
 
-# What `estimate` assumes where --levers leaves it: the guide's workload (one prompt's 8 generations of
-# 1024 tokens a rank), not the harness's small defaults.
 def run_tables(args: argparse.Namespace) -> int:
     try:
-        written = tables.write_tables(args.results, args.out, args.all)
+        written = tables.write_tables(args.results, args.out, args.all, args.claims)
         results = schema.load_results(args.results)
         cited = tables.headline(results, args.all)
         built = tables.build(cited, results)
@@ -223,6 +221,9 @@ def command_line() -> argparse.ArgumentParser:
     tabulate.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
     tabulate.add_argument("--out", type=Path, default=REPO / "results" / "tables", help="default: results/tables")
     tabulate.add_argument("--doc", type=Path, action="append", default=[], help="a markdown file with table markers")
+    tabulate.add_argument(
+        "--claims", type=Path, default=REPO / "results" / "claims.md", help="the ledger (default: results/claims.md)"
+    )
     tabulate.add_argument(
         "--all", action="store_true", help="every complete run, superseded and --only subsets too (default: the newest)"
     )

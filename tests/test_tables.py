@@ -220,10 +220,11 @@ def test_tables_from_a_results_directory_that_is_missing_or_empty_fail_and_write
     assert [p.name for p in out.iterdir()] == ["sizing.md"] and (out / "sizing.md").read_text() == "committed\n"
 
 
-def test_the_committed_tables_are_what_the_committed_results_make(committed_results, tmp_path):
-    written = tables.write_tables(committed_results, tmp_path)
+def test_the_committed_tables_and_ledger_are_what_the_committed_results_make(committed_results, tmp_path):
+    written = tables.write_tables(committed_results, tmp_path, ledger=tmp_path / "claims.md")
+    assert tmp_path / "claims.md" in written
     for path in written:
-        committed = REPO / "results" / "tables" / path.name
+        committed = REPO / "results" / ("claims.md" if path.name == "claims.md" else f"tables/{path.name}")
         assert path.read_text() == committed.read_text(), f"{committed} differs: run `nox -s tables`"
 
 

@@ -4,6 +4,8 @@ pandas itself."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 
 from benchmarks.catalog.profiles import load_hardware, load_shapes
@@ -55,6 +57,46 @@ def rollout_share(summary: Summary) -> float | None:
     phases = summary.phase_s_median
     rollout = phases.get("rollout", 0.0) + phases.get("sleep_wake", 0.0)
     return rollout / summary.step_s_median if summary.step_s_median else None
+
+
+def reward_shares(results: list[Result]) -> pd.DataFrame:
+    """One row per GRPO configuration (full runs) that ran a real reward in its steps (the ``reward`` lever),
+    and per configuration that differs from one only in running the synthetic reward (its baseline): the
+    reward's median seconds a step, the step's, and the share."""
+    rows = []
+    for result in results:
+        if result.kind != "grpo" or result.quick:
+            continue
+        ran = [c for c in result.record.configurations if c.status == "ok" and c.summary]
+        real = [c for c in ran if c.lever_values.reward != "synthetic"]
+        bases = {replace(c.lever_values, reward="synthetic") for c in real}
+        for configuration in ran:
+            if configuration in real or configuration.lever_values in bases:
+                summary = configuration.summary
+                reward_s = summary.phase_s_median.get("reward", 0.0)
+                rows.append(
+                    {
+                        "file": result.path,
+                        "reward": configuration.lever_values.reward,
+                        "configuration": configuration.name,
+                        "reward_s": reward_s,
+                        "step_s": summary.step_s_median,
+                        "share": reward_s / summary.step_s_median,
+                    }
+                )
+    return pd.DataFrame(rows, columns=["file", "reward", "configuration", "reward_s", "step_s", "share"])
+
+
+def provenance(result: Result) -> tuple[str, str]:
+    """Where a result file ran (its GPUs by name, else its CPU) and its commit (short, dirty marked)."""
+    record = result.record
+    if isinstance(record, RewardsFile):
+        info, commit = record.machine_info, record.commit_info
+        dirty = {True: " (dirty)", False: ""}.get(commit.get("dirty"), " (dirty unknown)")
+        return str(info.get("cpu", {}).get("brand_raw", "unknown")), (commit.get("id") or "unknown")[:7] + dirty
+    gpus = sorted({gpu.name for gpu in record.machine.gpus})
+    machine = " + ".join(gpus) if gpus else record.machine.cpu
+    return machine, record.commit.short
 
 
 def ranks(results: list[Result]) -> pd.DataFrame:

@@ -54,13 +54,13 @@ GUIDE_SAYS = {
 }
 
 
-def _hardware_for(size_class: str, catalog: dict[str, Hardware]) -> tuple[str, Hardware]:
+def hardware_for(size_class: str, catalog: dict[str, Hardware]) -> tuple[str, Hardware]:
     """A size class's smallest member: the one its cell has to fit."""
     members = [(name, hw) for name, hw in catalog.items() if hw.size_class == size_class]
     return min(members, key=lambda item: item[1].memory_gib)
 
 
-def _vllm_share(levers: Levers, shape_name: str, hardware: Hardware) -> Levers:
+def vllm_share(levers: Levers, shape_name: str, hardware: Hardware) -> Levers:
     """The engine sized to the rollout: its weights in its own precision (4-bit for QLoRA, as TRL
     starts it), the KV cache of the workload and vLLM's overheads, 10% slack."""
     need = engine_need(load_shapes()[shape_name], SIZING_DTYPE, levers, SIZING_WORKLOAD).total
@@ -83,7 +83,7 @@ def predicted_cell(shape_name: str, hardware: Hardware) -> tuple[int, str, float
     counts = (1,) if hardware.size_class == "cpu" else GPU_COUNTS
     for count in counts:
         for label, change in ladder(hardware):
-            levers = _vllm_share(on_gpus(replace(SIZING_BASE, **change), count), shape_name, hardware)
+            levers = vllm_share(on_gpus(replace(SIZING_BASE, **change), count), shape_name, hardware)
             predicted = estimate(shape, SIZING_DTYPE, levers, SIZING_WORKLOAD, hardware, malloc_fixed=True)
             if predicted.fits(hardware.memory_gib * GIB):
                 return count, label + (", ZeRO-3" if count > 1 else ""), predicted.peak, levers
@@ -159,7 +159,7 @@ def sizing_table(results: list[Result], every: list[Result] | None = None) -> st
     classes = _sizing_classes(results, catalog)
     sizes = sorted((n for n in shapes if not n.startswith("tiny")), key=lambda n: shapes[n].param_count())
     frame = _sizing_cells(sizes, classes, measured_cells(results), results if every is None else every)
-    columns = {c: f"{CLASS_NAMES.get(c, c)} ({_hardware_for(c, catalog)[1].memory_gib:g} GiB)" for c in classes}
+    columns = {c: f"{CLASS_NAMES.get(c, c)} ({hardware_for(c, catalog)[1].memory_gib:g} GiB)" for c in classes}
     table = frame.pivot(index="size", columns="class", values="text").reindex(index=sizes, columns=classes)
     gpu_fits = (  # the fewest GPUs, then the smallest class (the classes are in order of memory)
         frame[frame.fits & (frame["class"] != "cpu")].sort_values("gpus", kind="stable").drop_duplicates("size")
@@ -178,7 +178,7 @@ def _sizing_classes(results: list[Result], catalog: dict[str, Hardware]) -> list
         c for c in dict.fromkeys(frames.size_class(r.hardware) for r in results if r.kind == "grpo") if c not in classes
     ]
     known = {h.size_class for h in catalog.values()}
-    return sorted(classes, key=lambda c: _hardware_for(c, catalog)[1].memory_gib if c in known else 0)
+    return sorted(classes, key=lambda c: hardware_for(c, catalog)[1].memory_gib if c in known else 0)
 
 
 def _sizing_cells(
@@ -187,10 +187,10 @@ def _sizing_cells(
     """One row per size class and hardware class: the cell's text, whether it fits, on how many GPUs."""
     catalog, cells = load_hardware(), []
     # each class's rates once (the CPU's is a fit over the results), not once a cell
-    rates = {c: time_tables.class_rates(_hardware_for(c, catalog)[1], every) for c in classes}
+    rates = {c: time_tables.class_rates(hardware_for(c, catalog)[1], every) for c in classes}
     for size in sizes:
         for size_class in classes:
-            _, hardware = _hardware_for(size_class, catalog)
+            _, hardware = hardware_for(size_class, catalog)
             count, name = 1, CLASS_NAMES.get(size_class, size_class)
             if (size, size_class) in measured:
                 text = measured[(size, size_class)]

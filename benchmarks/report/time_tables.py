@@ -3,7 +3,7 @@ DGX Spark's hours against an H200's (decode.md) and the reward's share of a meas
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import fields
 
 import pandas as pd
 
@@ -144,42 +144,27 @@ def spark_rows(work: Workload, levers: Levers, dtype: str) -> list[str]:
     ]
 
 
-def _with_synthetic(levers: Levers) -> Levers:
-    return replace(levers, reward="synthetic")
-
-
 def reward_share_rows(results: list[Result]) -> list[str]:
     """Each real reward's measured share of a step, beside the configuration that differs from it only in
     running the synthetic reward (its baseline)."""
-    rows = []
-    for result in results:
-        if result.kind != "grpo" or result.quick:
-            continue
-        ran = [c for c in result.record.configurations if c.status == "ok" and c.summary]
-        real = [c for c in ran if c.lever_values.reward != "synthetic"]
-        bases = {_with_synthetic(c.lever_values) for c in real}
-        for configuration in ran:
-            summary = configuration.summary
-            if configuration not in real and configuration.lever_values not in bases:
-                continue
-            reward_s = summary.phase_s_median.get("reward", 0.0)
-            rows.append(
-                {
-                    "file": result.path,
-                    "reward in the step": configuration.lever_values.reward,
-                    "configuration": configuration.name,
-                    "reward s/step": f"{reward_s:.3f}",
-                    "step s": f"{summary.step_s_median:.2f}",
-                    "reward share": f"{reward_s / summary.step_s_median:.1%}",
-                }
-            )
-    if not rows:
+    shares = frames.reward_shares(results)
+    if shares.empty:
         return ["No GRPO step has run a real reward yet."]
+    table = pd.DataFrame(
+        {
+            "file": shares.file,
+            "reward in the step": shares.reward,
+            "configuration": shares.configuration,
+            "reward s/step": shares.reward_s.map(lambda s: f"{s:.3f}"),
+            "step s": shares.step_s.map(lambda s: f"{s:.2f}"),
+            "reward share": shares.share.map(lambda s: f"{s:.1%}"),
+        }
+    )
     return [
         "The reward inside measured GRPO steps (the `reward` lever): its median seconds a step and its share of "
         "the step, the synthetic reward beside it as the baseline.",
         "",
-        frames.markdown(pd.DataFrame(rows), numeric=("reward s/step", "step s", "reward share")),
+        frames.markdown(table, numeric=("reward s/step", "step s", "reward share")),
     ]
 
 

@@ -273,3 +273,5 @@ class RewardsFile:
     datetime: str
     benchmarks: list[BenchmarkRow]
     grpo_bench: RewardsBlock
+    machine_info: dict[str, Any] = field(default_factory=dict)  # pytest-benchmark's: the CPU as ``cpu.brand_raw``
+    commit_info: dict[str, Any] = field(default_factory=dict)  # pytest-benchmark's: ``id``, ``dirty``

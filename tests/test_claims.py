@@ -1,0 +1,85 @@
+"""The claims ledger follows the result files: a claim is measured only by a file of the class it is about,
+holds or not by what that file measured, and names the file, machine, commit and date behind it."""
+
+import json
+import shutil
+
+from test_tables import grpo_file
+
+from benchmarks import REPO
+from benchmarks.report import claims, tables
+from benchmarks.results import schema
+
+
+def ledger(directory):
+    return {claim.key: claim for claim in claims.ledger(tables.headline(schema.load_results(directory)))}
+
+
+def test_every_claim_has_a_status_and_rests_on_the_model_until_its_class_is_measured(tmp_path):
+    found = ledger(_copied(tmp_path, "cpu/20261201T175857Z-grpo.json"))
+    assert list(found) == ["small", "32b", "70b", "three-levers", "spark-bandwidth", "context-7x", "rewards"]
+    assert all(claim.status in claims.STATUSES for claim in found.values())
+    for key in ("small", "32b", "70b", "three-levers"):
+        assert found[key].status == claims.PREDICTED and not found[key].evidence, key
+        assert "GiB" in found[key].model, key
+    assert found["spark-bandwidth"].status == claims.UNMEASURED
+    assert found["context-7x"].status == claims.UNMEASURED  # no context search among these files
+
+
+def test_a_grpo_run_on_the_claimed_class_measures_its_anchor(tmp_path):
+    runs = tmp_path / "runs"
+    path = grpo_file(runs, "h200", "32b", peak_gib=100.0)
+    claim = ledger(runs)["32b"]
+    assert claim.status == claims.HOLDS and "fits with" in claim.measured
+    assert [e.file for e in claim.evidence] == [f"h200/{path.name}"]
+    grpo_file(runs, "h200", "32b", started="2026-12-02T10:00:00+00:00", status="oom", name="b")
+    assert ledger(runs)["32b"].status == claims.FAILS  # the newest file of the cell decides
+
+
+def test_the_three_lever_rule_is_checked_on_every_subset_of_the_levers():
+    peaks = claims.three_lever_fits("1.5b")
+    assert len(peaks) == 8
+    everything = tuple(claims.THREE_LEVERS)
+    assert all(peaks[everything] <= peak for peak in peaks.values())  # each lever only lowers the peak
+
+
+def test_the_context_claim_holds_only_where_the_measured_ratio_reaches_it(tmp_path):
+    runs = _copied(tmp_path, "cpu/20261201T014312Z-context.json")
+    claim = ledger(runs)["context-7x"]
+    assert claim.status == claims.FAILS and claim.measured.startswith("5.0x")
+    assert claim.evidence[0].machine == "AMD EPYC" and claim.evidence[0].commit.startswith("7ac199f")
+    _rewrite(runs / "cpu/20261201T014312Z-context.json", lambda d: d["verdict"].update(measured_ratio_vs_unchunked=6.5))
+    assert ledger(runs)["context-7x"].status == claims.HOLDS  # within 10% of 7x
+
+
+def test_the_spark_claim_is_measured_by_a_decode_run_on_a_spark_only(tmp_path):
+    runs = _copied(tmp_path, "cpu/20261201T175648Z-decode.json")
+    assert ledger(runs)["spark-bandwidth"].status == claims.UNMEASURED
+    spark = runs / "cpu/20261201T175648Z-decode.json"
+    _rewrite(spark, lambda d: d["profile"].update(hardware="spark"))
+    assert ledger(runs)["spark-bandwidth"].status == claims.FAILS  # a few GB/s: far below the budget
+    _rewrite(spark, lambda d: [p.update(achieved_gb_s=185.0) for p in d["sweep"] if p["status"] == "ok"])
+    claim = ledger(runs)["spark-bandwidth"]
+    assert claim.status == claims.HOLDS and claim.measured == "best decode 185 GB/s"
+
+
+def test_the_reward_claim_quotes_the_guides_code_and_the_share_of_a_step(tmp_path):
+    runs = _copied(tmp_path, "cpu/20261201T175419Z-rewards.json", "cpu/20261201T175857Z-grpo.json")
+    claim = ledger(runs)["rewards"]
+    assert claim.status == claims.NO_FIGURE
+    assert "test_execution_reward" in claim.measured and "execution reward 0.8% of a step" in claim.measured
+    assert claim.evidence[0].commit == "c8745e3 (dirty)"
+
+
+def _copied(tmp_path, *names):
+    runs = tmp_path / "runs"
+    for name in names:
+        (runs / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / "results" / "runs" / name, runs / name)
+    return runs
+
+
+def _rewrite(path, change):
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
