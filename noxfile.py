@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -65,10 +66,22 @@ def _engine_extra() -> str:
     return "gpu" if shutil.which("nvidia-smi") else "cpu"
 
 
+def _system_chromium(session: nox.Session) -> None:
+    """Debian's Chromium for the browser test (tests/test_site.py), installed where it is missing and apt-get
+    may install it (as root); elsewhere that test skips and says why."""
+    if shutil.which("chromium") or not shutil.which("apt-get") or os.geteuid() != 0:
+        return
+    quiet = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run_install("apt-get", "update", "-qq", external=True, success_codes=[0, 100], env=quiet)
+    install = ("apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium")
+    session.run_install(*install, external=True, success_codes=[0, 100], env=quiet)
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Unit, sandbox and adversarial tests (CPU only)."""
+    """Unit, sandbox, adversarial and browser tests (CPU only)."""
     _install(session, "test,grpo,distributed", torch=True)
+    _system_chromium(session)
     session.run("python", "-m", "pytest", *(session.posargs or ["-q"]))
 
 
@@ -135,6 +148,13 @@ def compare(session: nox.Session) -> None:
     """Result files or hardware classes side by side, with figures (`-- A B ... --out DIR`)."""
     _install(session, "report")
     session.run("python", "-m", "benchmarks", "compare", *session.posargs)
+
+
+@nox.session(default=False)
+def site(session: nox.Session) -> None:
+    """The static site of the results under build/site (`-- --out DIR --screenshot FILE`)."""
+    _install(session, "report")
+    session.run("python", "-m", "benchmarks", "site", *session.posargs)
 
 
 @nox.session(default=False)

@@ -5,6 +5,7 @@
     python -m benchmarks estimate --shape 32b --hardware h200 [--levers optim=adamw_8bit,model=lora] [...]
     python -m benchmarks tables [--results DIR] [--out DIR] [--doc FILE ...]
     python -m benchmarks compare [A B ...] [--results DIR] [--out DIR]
+    python -m benchmarks site [--results DIR] [--out DIR] [--screenshot FILE]
     python -m benchmarks provenance   # the commit, for a copy of the tree that travels without .git
     python -m benchmarks context [--profile NAME] [--quick] [--budget-gib G] [--shape S] [--contenders A,B]
                                  [--python NAME=INTERPRETER ...] [--out DIR]
@@ -33,7 +34,7 @@ from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.catalog.levers import GUIDE_PROMPT_TOKENS
 from benchmarks.estimating import run_estimate
 from benchmarks.model import estimate
-from benchmarks.report import compare, figures, tables, validation
+from benchmarks.report import compare, figures, site, tables, validation
 from benchmarks.results import schema
 from benchmarks.run import context, context_verdict, decode, devices, grpo, machine, pace, worker
 
@@ -152,6 +153,21 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_site(args: argparse.Namespace) -> int:
+    try:
+        written = site.build_site(args.results, args.out)
+        if args.screenshot:
+            site.screenshot(args.out / "index.html", args.screenshot)
+    except (OSError, ValueError, subprocess.SubprocessError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(written)} pages under {shown(args.out)}; open {shown(args.out / 'index.html')}")
+    print(f"or serve it: python -m http.server --directory {shown(args.out)}")
+    if args.screenshot:
+        print(f"wrote {shown(args.screenshot)}")
+    return 0
+
+
 def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print_environment()
     try:
@@ -231,6 +247,10 @@ def command_line() -> argparse.ArgumentParser:
     versus.add_argument("sides", nargs="*", metavar="FILE_OR_CLASS")
     versus.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
     versus.add_argument("--out", type=Path, help="default: results/compare/<A>-vs-<B>")
+    web = commands.add_parser("site", help="build the static site of the results (claims, sizing, classes, series)")
+    web.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
+    web.add_argument("--out", type=Path, default=REPO / "build" / "site", help="default: build/site")
+    web.add_argument("--screenshot", type=Path, help="also a PNG of the front page by headless Chromium")
     commands.add_parser(
         "provenance", help=f"record this checkout's commit in {machine.PROVENANCE.name}, for a tree that travels"
     )
@@ -308,6 +328,8 @@ def dispatch(argv: list[str] | None = None) -> int:
         return run_tables(args)
     if args.command == "compare":
         return run_compare(args)
+    if args.command == "site":
+        return run_site(args)
     if args.command == "context":
         return run_context_command(parser, args)
     if args.command == "report":

@@ -102,7 +102,7 @@ def _anchor_claim(key: str, guide: str, size: str, size_class: str, results: lis
         count, label, peak, _ = cell
         verdict = "holds" if count == 1 else "does not hold: needs more than one GPU"
         model = f"{size}: {count} x {name}, {label}, {peak / GIB:.0f} GiB per GPU: {verdict}"
-    measured = measured_cells(results).get((size, size_class))
+    measured, _ = measured_cells(results).get((size, size_class), (None, None))
     files = [r for r in results if r.kind == "grpo" and r.shape == size and frames.size_class(r.hardware) == size_class]
     if measured is None:
         return Claim(

@@ -4,11 +4,11 @@ pandas itself."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pandas as pd
 
-from benchmarks.catalog.profiles import load_hardware, load_shapes
+from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
 from benchmarks.model.estimate import rank_model_states
 from benchmarks.report.validation import PHASE_ORDER, Check
 from benchmarks.results.schema import ContextFile, DecodeFile, Rank, Result, RewardsFile, Summary
@@ -21,19 +21,22 @@ def size_class(hardware: str) -> str:
 
 
 def configurations(results: list[Result]) -> pd.DataFrame:
-    """One row per GRPO configuration on one device (``grpo`` files; many ranks are ``ranks``'): where
-    it ran, its levers (``levers``, as run; ``lever_<name>`` columns, as the file recorded them), its
-    status, step time and headline peak (device memory on CUDA, host RSS on CPU)."""
+    """One row per GRPO configuration on one device (``grpo`` files; many ranks are ``ranks``'): where and
+    when it ran, its levers (``levers``, as run; ``change``, those that differ from its file's first
+    configuration; ``lever_<name>`` columns, as the file recorded them), its status, step time (median and
+    range) and headline peak (device memory on CUDA, host RSS on CPU) with its spread between steps."""
     rows = []
     for result in results:
         if result.kind != "grpo":
             continue
+        base = next((c.lever_values for c in result.record.configurations), None)
         for number, configuration in enumerate(result.record.configurations, 1):
             summary = configuration.summary
             rows.append(
                 {
                     "file": result.path,
                     "date": result.date,
+                    "started": result.record.started,
                     "hardware": result.hardware,
                     "size_class": size_class(result.hardware),
                     "shape": result.shape,
@@ -41,15 +44,29 @@ def configurations(results: list[Result]) -> pd.DataFrame:
                     "number": number,
                     "name": configuration.name,
                     "levers": configuration.lever_values,
+                    "change": lever_change(configuration.lever_values, base),
                     "status": configuration.status,
                     "step_s": summary.step_s_median if summary else None,
+                    "step_s_min": summary.step_s_min if summary else None,
+                    "step_s_max": summary.step_s_max if summary else None,
                     "rollout_share": rollout_share(summary) if summary else None,
                     "peak_bytes": summary.peak_bytes if summary else None,
                     "peak_measure": summary.peak_measure if summary else None,
+                    "peak_spread": summary.peak_repeat_spread if summary else None,
                     **{f"lever_{k}": v for k, v in configuration.levers.items()},
                 }
             )
     return pd.DataFrame(rows)
+
+
+def lever_change(levers: Levers, base: Levers) -> str:
+    """The levers that differ from ``base``, as ``name=value``; "baseline" where none does."""
+    changed = [
+        f"{f.name}={getattr(levers, f.name)}"
+        for f in fields(Levers)
+        if getattr(levers, f.name) != getattr(base, f.name)
+    ]
+    return ", ".join(changed) or "baseline"
 
 
 def rollout_share(summary: Summary) -> float | None:

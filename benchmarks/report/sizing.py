@@ -109,15 +109,15 @@ def _lightness(levers: Levers) -> tuple:
     )
 
 
-def measured_cells(results: list[Result]) -> dict[tuple[str, str], str]:
-    """(size class, hardware class) -> the cell text from GRPO result files, newest file first: the
+def measured_cells(results: list[Result]) -> dict[tuple[str, str], tuple[str, str]]:
+    """(size class, hardware class) -> the cell text from GRPO result files and the file, newest file first: the
     lightest configuration that ran within its budget, or "does not fit" when every one ran out."""
     configurations = frames.configurations([r for r in results if not r.quick])
     if configurations.empty:
         return {}
     ran = configurations[configurations.status.isin(["ok", "oom"])].copy()
     ran["lightness"], ran["label"] = ran.levers.map(_lightness), ran.levers.map(_lever_label)
-    cells: dict[tuple[str, str], str] = {}
+    cells: dict[tuple[str, str], tuple[str, str]] = {}
     for (shape, size, file, date), group in ran.sort_values("date", kind="stable").groupby(
         ["shape", "size_class", "file", "date"], sort=False
     ):
@@ -127,9 +127,10 @@ def measured_cells(results: list[Result]) -> dict[tuple[str, str], str]:
             best = fits.iloc[0]
             what = "device" if "device" in best.peak_measure else "host RSS"
             timed = f"{best.step_s:.1f} s/step, rollout {best.rollout_share:.0%}"
-            cells[(shape, size)] = f"fits with {best.label} ({best.peak_bytes / GIB:.1f} GiB {what}; {timed}; {where})"
+            text = f"fits with {best.label} ({best.peak_bytes / GIB:.1f} GiB {what}; {timed}; {where})"
         else:
-            cells[(shape, size)] = f"does not fit: every configuration ran out of memory ({where})"
+            text = f"does not fit: every configuration ran out of memory ({where})"
+        cells[(shape, size)] = (text, file)
     return cells  # groups in date order: the newest file of a cell is the last written
 
 
@@ -152,15 +153,22 @@ def _predicted_text(size: str, size_class: str, hardware: Hardware, rates: Rates
 
 
 def sizing_table(results: list[Result], every: list[Result] | None = None) -> str:
-    """The guide's "Memory Anchors by Size Class": a frame of cells (size class x hardware class, each
-    measured or predicted, with the step's seconds), pivoted, beside what the guide says and the smallest class
-    that fits. ``every``: all results (the time model's fitted run among them), default ``results``."""
+    """The guide's "Memory Anchors by Size Class" (``sizing_grid``) with its notes. ``every``: all results (the
+    time model's fitted run among them), default ``results``."""
+    table, _ = sizing_grid(results, every)
+    return "\n".join([frames.markdown(table), "", *_sizing_notes()]) + "\n"
+
+
+def sizing_grid(results: list[Result], every: list[Result] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The cells (size class x hardware class, each measured or predicted, with the step's seconds), pivoted,
+    beside what the guide says and the smallest class that fits; and, cell for cell, the result file behind a
+    measured cell (None elsewhere)."""
     catalog, shapes = load_hardware(), load_shapes()
-    classes = _sizing_classes(results, catalog)
-    sizes = sorted((n for n in shapes if not n.startswith("tiny")), key=lambda n: shapes[n].param_count())
-    frame = _sizing_cells(sizes, classes, measured_cells(results), results if every is None else every)
+    frame = sizing_cells(results, every)
+    classes, sizes = list(dict.fromkeys(frame["class"])), list(dict.fromkeys(frame["size"]))
     columns = {c: f"{CLASS_NAMES.get(c, c)} ({hardware_for(c, catalog)[1].memory_gib:g} GiB)" for c in classes}
     table = frame.pivot(index="size", columns="class", values="text").reindex(index=sizes, columns=classes)
+    files = frame.pivot(index="size", columns="class", values="file").reindex(index=sizes, columns=classes)
     gpu_fits = (  # the fewest GPUs, then the smallest class (the classes are in order of memory)
         frame[frame.fits & (frame["class"] != "cpu")].sort_values("gpus", kind="stable").drop_duplicates("size")
     ).set_index("size")
@@ -168,7 +176,8 @@ def sizing_table(results: list[Result], every: list[Result] | None = None) -> st
     table.insert(0, "Feasible with (smallest class that fits)", smallest)
     table.insert(0, "The guide says", [GUIDE_SAYS.get(s, "(not in its table)") for s in sizes])
     table.insert(0, "Size class", [f"{s} ({shapes[s].param_count() / 1e9:.1f}B)" for s in sizes])
-    return "\n".join([frames.markdown(table.rename(columns=columns)), "", *_sizing_notes()]) + "\n"
+    files = files.reindex(columns=table.columns).astype(object).map(lambda f: f if isinstance(f, str) else None)
+    return table.rename(columns=columns), files.rename(columns=columns)
 
 
 def _sizing_classes(results: list[Result], catalog: dict[str, Hardware]) -> list[str]:
@@ -181,26 +190,40 @@ def _sizing_classes(results: list[Result], catalog: dict[str, Hardware]) -> list
     return sorted(classes, key=lambda c: hardware_for(c, catalog)[1].memory_gib if c in known else 0)
 
 
-def _sizing_cells(
-    sizes: list[str], classes: list[str], measured: dict[tuple[str, str], str], every: list[Result]
-) -> pd.DataFrame:
-    """One row per size class and hardware class: the cell's text, whether it fits, on how many GPUs."""
-    catalog, cells = load_hardware(), []
+def sizing_cells(results: list[Result], every: list[Result] | None = None) -> pd.DataFrame:
+    """One row per size class (smallest first) and hardware class (the guide's and every class with a GRPO result,
+    smallest memory first): the cell's text, whether it fits, on how many GPUs, and the result file of a measured
+    cell (None where predicted). ``every``: all results (the time model's fit), default ``results``."""
+    catalog, shapes, cells = load_hardware(), load_shapes(), []
+    classes = _sizing_classes(results, catalog)
+    sizes = sorted((n for n in shapes if not n.startswith("tiny")), key=lambda n: shapes[n].param_count())
+    measured = measured_cells(results)
+    every = results if every is None else every
     # each class's rates once (the CPU's is a fit over the results), not once a cell
     rates = {c: time_tables.class_rates(hardware_for(c, catalog)[1], every) for c in classes}
     for size in sizes:
         for size_class in classes:
             _, hardware = hardware_for(size_class, catalog)
-            count, name = 1, CLASS_NAMES.get(size_class, size_class)
+            count, name, file = 1, CLASS_NAMES.get(size_class, size_class), None
             if (size, size_class) in measured:
-                text = measured[(size, size_class)]
+                text, file = measured[(size, size_class)]
                 fits = text.startswith("fits")
             elif not hardware.memory_gib:  # the generic `gpu` class: each device's own memory, in its files
                 text, fits = "(no prediction: the class's memory is each device's own)", False
             else:
                 text, fits, count = _predicted_text(size, size_class, hardware, rates[size_class])
             named = text if text.startswith(f"{count} x {name}") else f"{name}: {text}"
-            cells.append({"size": size, "class": size_class, "text": text, "fits": fits, "gpus": count, "named": named})
+            cells.append(
+                {
+                    "size": size,
+                    "class": size_class,
+                    "text": text,
+                    "fits": fits,
+                    "gpus": count,
+                    "named": named,
+                    "file": file,
+                }
+            )
     return pd.DataFrame(cells)
 
 

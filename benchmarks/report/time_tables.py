@@ -3,8 +3,6 @@ DGX Spark's hours against an H200's (decode.md) and the reward's share of a meas
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import pandas as pd
 
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
@@ -168,16 +166,6 @@ def reward_share_rows(results: list[Result]) -> list[str]:
     ]
 
 
-def _changed(levers: Levers, base: Levers) -> str:
-    """The levers that differ from ``base``, as ``name=value``; "baseline" where none does."""
-    changed = [
-        f"{f.name}={getattr(levers, f.name)}"
-        for f in fields(Levers)
-        if getattr(levers, f.name) != getattr(base, f.name)
-    ]
-    return ", ".join(changed) or "baseline"
-
-
 def steps_table(results: list[Result]) -> str:
     """The newest full GRPO run of each hardware class and shape: a row per configuration that ran (named by
     the levers it changes from the run's first), its median step, the rollout's share of it, its peak."""
@@ -186,11 +174,10 @@ def steps_table(results: list[Result]) -> str:
         return "No GRPO result yet.\n"
     newest = configurations.groupby(["hardware", "shape"]).file.transform("max")
     ran = configurations[(configurations.file == newest) & (configurations.status == "ok")]
-    first = configurations[configurations.number == 1].set_index("file").levers
     rows = [
         {
             "file": row.file,
-            "levers": _changed(row.levers, first[row.file]),
+            "levers": row.change,
             "s/step": f"{row.step_s:.2f}",
             "rollout": f"{row.rollout_share:.0%}",
             "peak GiB": f"{row.peak_bytes / 2**30:.2f}",

@@ -1,0 +1,107 @@
+"""The results as a static site (``nox -s site``), rebuilt whole from ``results/runs`` and never committed:
+
+    python -m benchmarks site [--results DIR] [--out DIR] [--screenshot FILE]
+
+Pages, all plain files with relative links (open ``index.html`` or serve the folder with
+``python -m http.server``): the claims ledger first; the sizing table, each cell linking to the run behind it or
+marked predicted; a page per hardware class; a series per metric over every run; any two runs or classes side by
+side; every generated table; and a page per result file with its machine, commit and raw file. Made from the same
+records, frames and tables as ``nox -s tables``; the site's own pages are in ``site_pages``."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from html import escape
+from pathlib import Path
+
+from benchmarks.report import site_pages, tables
+from benchmarks.results.schema import Result, load_results
+
+STYLE = """
+body { font: 15px/1.45 system-ui, sans-serif; margin: 0; color: #1d1d1f; }
+header { background: #20232a; padding: 8px 24px; }
+header a { color: #e8e8e8; margin-right: 16px; text-decoration: none; }
+main { padding: 8px 24px 32px; max-width: 1500px; }
+footer { padding: 12px 24px; color: #666; font-size: 13px; border-top: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 12px 0; font-size: 13px; }
+th, td { border: 1px solid #d0d0d0; padding: 4px 8px; vertical-align: top; text-align: left; }
+th { background: #f2f2f2; }
+.status { font-weight: 600; white-space: nowrap; padding: 2px 6px; border-radius: 4px; }
+.holds { background: #d7f5dd; } .fails { background: #fbd9d9; }
+.predicted-only { background: #fff1c9; } .unmeasured { background: #e6e6e6; } .no-figure { background: #dceafc; }
+td.predicted { background: #fffbea; } td.measured { background: #eefbf0; }
+.chart { margin: 12px 0; max-width: 100%; height: auto; }
+.chart .title { font-weight: 600; font-size: 14px; } .chart .tick, .chart .legend, .chart .label { font-size: 11px; }
+.chart .grid { stroke: #e4e4e4; } .chart .noise { stroke-width: 2; opacity: 0.6; }
+.chart .predicted { stroke: #000; stroke-width: 2; }
+.lede { font-size: 17px; max-width: 900px; }
+.charts { display: flex; flex-wrap: wrap; gap: 4px 24px; }
+#ledger td:first-child { min-width: 150px; } #ledger td:nth-child(3), #ledger td:nth-child(4) { width: 25%; }
+"""
+
+
+def build_site(results_dir: Path, out: Path) -> list[Path]:
+    """Every page under ``out`` (emptied first), with the result files the pages link to; returns the pages."""
+    results = load_results(results_dir)
+    cited = tables.headline(results)
+    figures = {r.path: [p.name for p in _siblings(results_dir / r.path) if p.suffix == ".png"] for r in results}
+    pages = site_pages.pages(cited, results, figures)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    (out / "style.css").write_text(STYLE)
+    written = []
+    footer = f"Last verified {tables.last_verified(cited)}; made by <code>nox -s site</code> from results/runs."
+    for relative, (title, body) in pages.items():
+        path = out / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(page(title, body, relative.count("/"), footer, [r.path for r in results]))
+        written.append(path)
+    _copy_result_files(results_dir, out / "runs", results)
+    return written
+
+
+def page(title: str, body: str, depth: int, footer: str, result_paths: list[str]) -> str:
+    """A whole page: navigation, the body (result file names in it linked to their pages), the footer."""
+    up = "../" * depth
+    nav = "".join(f'<a href="{up}{href}">{escape(label)}</a>' for href, label in site_pages.NAV)
+    return (
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{escape(title)} · grpo-bench</title>\n"
+        f'<link rel="icon" href="data:,">\n<link rel="stylesheet" href="{up}style.css">\n</head>\n'
+        f"<body>\n<header><nav>{nav}</nav></header>\n<main>\n<h1>{escape(title)}</h1>\n"
+        f"{site_pages.link_result_files(body, up, result_paths)}\n</main>\n"
+        f"<footer>{footer}</footer>\n</body>\n</html>\n"
+    )
+
+
+def _copy_result_files(results_dir: Path, runs: Path, results: list[Result]) -> None:
+    """Each result file beside its page, with the figures and reports a run wrote next to it."""
+    for result in results:
+        for sibling in _siblings(results_dir / result.path):
+            target = runs / Path(result.path).parent / sibling.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(sibling, target)
+
+
+def _siblings(source: Path) -> list[Path]:
+    """A result file and what its run wrote beside it under the same name (a decode run's figure and report)."""
+    return sorted(source.parent.glob(source.stem + ".*"))
+
+
+def screenshot(index: Path, image: Path, browser: str = "chromium") -> None:
+    """The front page as headless Chromium draws it, 1280 pixels wide (the README's picture)."""
+    if shutil.which(browser) is None:
+        raise ValueError(f"no {browser} on PATH for the screenshot (Debian: apt-get install chromium)")
+    image.parent.mkdir(parents=True, exist_ok=True)
+    command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,1100"]
+    ran = subprocess.run(
+        [*command, f"--screenshot={image.resolve()}", index.resolve().as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if ran.returncode != 0 or not image.exists():
+        raise ValueError(f"{browser} made no screenshot of {index} (exit {ran.returncode}): {ran.stderr[-500:]}")

@@ -1,0 +1,125 @@
+"""The site's page per result file (``runs/<class>/<file>.html``, beside the file itself): where and when it ran,
+from which commit, its targets, and what it measured, by kind; and the runs list and memory figure the other
+pages share."""
+
+from __future__ import annotations
+
+from html import escape
+
+import pandas as pd
+
+from benchmarks.catalog.profiles import load_hardware, load_shapes
+from benchmarks.model.estimate import GIB
+from benchmarks.report import frames, site_data, svg
+from benchmarks.report.validation import validate
+from benchmarks.results.schema import ContextFile, DecodeFile, GrpoFile, Result, RewardsFile
+from benchmarks.run import pace
+
+
+def run_pages(results: list[Result], figures: dict[str, list[str]]) -> dict[str, tuple[str, str]]:
+    """A page per result file; ``figures``: the images a run wrote beside its file, by the file's path."""
+    found = {site_data.run_page(r.path): (r.path, run_body(r, figures.get(r.path, []))) for r in results}
+    found["runs/index.html"] = ("Every result file", runs_list(results, up="../"))
+    return found
+
+
+def runs_list(results: list[Result], up: str) -> str:
+    """Newest first: each file linked to its page, with its kind, class, machine, commit and state."""
+    rows = []
+    for result in reversed(results):
+        machine, commit = frames.provenance(result)
+        state = "complete" if result.complete else "ended early"
+        state += " (--quick)" if result.quick else ""
+        link = f'<a href="{up}{site_data.run_page(result.path)}">{escape(result.path)}</a>'
+        cells = [link, result.kind, result.hardware, escape(machine), escape(commit), result.date, state]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("file", "kind", "class", "machine", "commit", "date", "state"))
+    return f'<table class="runs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def run_body(result: Result, figures: list[str]) -> str:
+    name = result.path.rsplit("/", 1)[-1]
+    parts = [_header(result), f'<p>The file itself: <a href="{name}">{escape(name)}</a>.</p>']
+    record = result.record
+    if isinstance(record, GrpoFile):
+        parts += [_configurations(result), memory_figure([result], up="../../")]
+    elif isinstance(record, DecodeFile):
+        parts.append(_html(frames.sweep(record)))
+    elif isinstance(record, ContextFile):
+        parts.append(_html(frames.contenders(record)))
+        parts.append(f"<p>Verdict: {escape(record.verdict.text)}</p>" if record.verdict else "")
+    elif isinstance(record, RewardsFile):
+        parts.append(_html(frames.reward_rows(record)))
+    parts += [
+        f'<p><img src="{escape(f)}" alt="{escape(f)}: a figure this run made" class="chart"></p>' for f in figures
+    ]
+    return "\n".join(parts)
+
+
+def _header(result: Result) -> str:
+    machine, commit = frames.provenance(result)
+    record = result.record
+    found = pace.pace_of(record)
+    rows = {
+        "kind": result.kind,
+        "hardware class": result.hardware,
+        "machine": machine,
+        "commit": commit,
+        "date": result.date,
+        "state": ("complete" if result.complete else "ended early") + (", --quick" if result.quick else ""),
+        "profile": pace.profile_name(record),
+        "part's time": pace.clock(found.part_s) if found else "not recorded",
+    }
+    targets = getattr(record, "targets", None) or getattr(getattr(record, "grpo_bench", None), "targets", [])
+    table = "".join(f"<tr><th>{k}</th><td>{escape(str(v))}</td></tr>" for k, v in rows.items())
+    lines = [f"<li>{escape(_target_line(t))}</li>" for t in targets]
+    return f"<table>{table}</table>" + (f"<h2>Targets</h2><ul>{''.join(lines)}</ul>" if lines else "")
+
+
+def _target_line(target) -> str:
+    met = {True: "met", False: "MISSED", None: "not measured"}[target.met]
+    return f"{target.claim}: {met}"
+
+
+def _configurations(result: Result) -> str:
+    found = frames.configurations([result])
+    if found.empty:
+        return "<p>No configuration finished.</p>"
+    table = pd.DataFrame(
+        {
+            "configuration": found.change,
+            "status": found.status,
+            "s/step (fastest..slowest)": [_range(r.step_s, r.step_s_min, r.step_s_max) for r in found.itertuples()],
+            "rollout share": found.rollout_share.map(lambda s: "" if pd.isna(s) else f"{s:.0%}"),
+            "peak GiB": found.peak_bytes.map(lambda b: "" if pd.isna(b) else f"{b / GIB:.2f}"),
+        }
+    )
+    phases = frames.phases(result)
+    per_phase = "" if phases.empty else _html(phases.pivot(index="number", columns="phase", values="seconds").round(3))
+    return _html(table) + "<h2>Seconds per phase, the last measured step</h2>" + per_phase
+
+
+def _range(median: float, low: float, high: float) -> str:
+    return "" if pd.isna(median) else f"{median:.2f} ({low:.2f}..{high:.2f})"
+
+
+def memory_figure(results: list[Result], up: str) -> str:
+    """The newest full GRPO run's training peaks per configuration: measured (bars) against the model (marks)."""
+    runs = [r for r in results if r.kind == "grpo" and not r.quick]
+    if not runs:
+        return "<p>No GRPO run here.</p>"
+    run = runs[-1]
+    checks = frames.checks(validate([run], load_shapes(), load_hardware())).query("phase == 'training'")
+    if checks.empty:
+        return "<p>No configuration of the newest GRPO run was checked against the model.</p>"
+    change = frames.configurations([run]).set_index("name").change
+    rows = [
+        (change[c.configuration], c.measured_bytes / GIB, c.predicted_bytes / GIB, up + site_data.run_page(run.path))
+        for c in checks.itertuples()
+    ]
+    title = f"Training peak per configuration, {run.path}: bar measured, mark predicted"
+    return svg.bar_chart(title, "GiB", rows)
+
+
+def _html(frame: pd.DataFrame) -> str:
+    return frame.to_html(index=frame.index.name is not None, border=0, na_rep="")

@@ -1,0 +1,169 @@
+"""The static site, built from the committed results, in a real browser: headless Chromium (Debian's package,
+driven by Playwright) loads every page over HTTP from 127.0.0.1; no console error, every internal link, style and
+figure resolves, the ledger shows every claim, and every sizing cell links to a run that exists or says it is
+predicted."""
+
+import functools
+import http.server
+import re
+import shutil
+import threading
+from html.parser import HTMLParser
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+from benchmarks import REPO
+from benchmarks.report import claims, site, tables
+from benchmarks.report.site_pages import link_result_files
+from benchmarks.results import schema
+
+
+@pytest.fixture(scope="module")
+def built(committed_results, tmp_path_factory):
+    out = tmp_path_factory.mktemp("site") / "site"
+    return out, site.build_site(committed_results, out)
+
+
+@pytest.fixture(scope="module")
+def served(built):
+    """The built site over HTTP on a free loopback port, as `python -m http.server` serves it."""
+    out, _ = built
+    handler = functools.partial(QuietHandler, directory=str(out))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (the test extra has it)")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium on PATH: Debian's `apt-get install chromium` (nox -s tests does it as root)")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+class Links(HTMLParser):
+    """Every href and src of a page."""
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def handle_starttag(self, tag, attrs):
+        self.found += [value for name, value in attrs if name in ("href", "src") and value]
+
+
+def test_every_internal_link_of_the_built_site_names_a_file_it_holds(built):
+    out, pages = built
+    assert {"index.html", "sizing.html", "series.html", "compare.html", "hardware/cpu.html"} <= {
+        str(p.relative_to(out)) for p in pages
+    }
+    for page in pages:
+        parser = Links()
+        parser.feed(page.read_text())
+        for link in parser.found:
+            if link.startswith(("data:", "http://", "https://", "#")):
+                continue
+            target = (page.parent / unquote(link.split("#")[0])).resolve()
+            assert target.is_file(), f"{page.relative_to(out)} links to {link}, which the site does not hold"
+
+
+# each link as the browser resolves it (SVG's <a> too, whose href is no string)
+RESOLVED = "els => els.map(e => new URL(e.getAttribute('href') || e.getAttribute('src'), document.baseURI).href)"
+
+
+def test_every_page_loads_in_chromium_without_an_error_and_resolves_its_links_and_figures(built, served, browser):
+    out, pages = built
+    page = browser.new_page()
+    errors = []
+    page.on("console", lambda message: message.type == "error" and errors.append(message.text))
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("requestfailed", lambda request: errors.append(f"failed: {request.url}"))
+    page.on("response", lambda response: response.status >= 400 and errors.append(f"{response.status}: {response.url}"))
+    for path in pages:
+        name = str(path.relative_to(out))
+        page.goto(served + name)
+        page.wait_for_load_state("load")
+        assert not errors, f"{name}: {errors}"
+        links = page.eval_on_selector_all("a[href], link[href], img[src]", RESOLVED)
+        for link in links:
+            if link.startswith(served):
+                local = out / unquote(urlsplit(link).path).lstrip("/")
+                assert local.is_file(), f"{name} links to {link}, which does not resolve"
+        broken = page.eval_on_selector_all("img", "imgs => imgs.filter(i => !(i.complete && i.naturalWidth > 0))")
+        assert not broken, f"{name}: an image did not load"
+    page.close()
+
+
+def test_the_front_page_shows_every_claim_of_the_ledger_with_its_status(committed_results, served, browser):
+    cited = tables.headline(schema.load_results(committed_results))
+    expected = claims.ledger(cited)
+    page = browser.new_page()
+    page.goto(served + "index.html")
+    rows = page.locator("#ledger tbody tr")
+    assert [rows.nth(i).get_attribute("data-claim") for i in range(rows.count())] == [c.key for c in expected]
+    for index, claim in enumerate(expected):
+        assert claim.status in rows.nth(index).inner_text()
+    page.close()
+
+
+def test_each_sizing_cell_links_to_its_run_or_says_it_is_predicted(built, served, browser):
+    out, _ = built
+    page = browser.new_page()
+    page.goto(served + "sizing.html")
+    measured = page.locator("#sizing td.measured a")
+    assert measured.count() >= 1  # the committed CPU runs
+    for i in range(measured.count()):
+        href = measured.nth(i).get_attribute("href")
+        assert re.fullmatch(r"runs/[\w-]+/\w+-\w+\.html", href) and (out / href).is_file()
+        page_of_run = out / href
+        assert (page_of_run.parent / (page_of_run.stem + ".json")).is_file()  # the result file beside its page
+    predicted = page.locator("#sizing td.predicted")
+    assert predicted.count() >= 1
+    for i in range(predicted.count()):
+        assert "predicted" in predicted.nth(i).inner_text() or "no prediction" in predicted.nth(i).inner_text()
+    page.close()
+
+
+def test_the_side_by_side_page_compares_two_runs_and_the_series_keep_their_numbers(served, browser):
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(served + "compare.html")
+    assert page.locator("#side tbody tr").count() >= 1
+    options = page.locator("#left option")
+    page.select_option("#left", index=options.count() - 1)
+    page.uncheck("#shared")
+    assert page.locator("#side tbody tr").count() >= 1 and not errors
+    page.goto(served + "series.html")
+    charts = page.locator("svg.chart")
+    assert charts.count() >= 4
+    first = charts.first.locator("circle title").first.text_content()
+    assert re.search(r"\d", first) and "commit" in first  # the value and its provenance, on hover
+    page.close()
+
+
+def test_the_readme_shows_the_front_page_and_says_how_to_build_the_site():
+    readme = (REPO / "README.md").read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme)
+    assert "docs/site-front.png" in images and (REPO / "docs" / "site-front.png").is_file()
+    assert "nox -s site" in readme and "http.server" in readme
+
+
+def test_the_site_links_a_result_file_named_in_a_tables_text_but_not_inside_a_script():
+    body = '<p>see cpu/a-grpo.json</p><script>{"id": "cpu/a-grpo.json"}</script><a href="x">cpu/a-grpo.json</a>'
+    linked = link_result_files(body, "../", ["cpu/a-grpo.json"])
+    assert '<p>see <a href="../runs/cpu/a-grpo.html">cpu/a-grpo.json</a></p>' in linked
+    assert '<script>{"id": "cpu/a-grpo.json"}</script>' in linked and linked.endswith('<a href="x">cpu/a-grpo.json</a>')
