@@ -28,15 +28,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import REPO
+from benchmarks import REPO, summaries
 from benchmarks.catalog import profiles
 from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.catalog.levers import GUIDE_PROMPT_TOKENS
 from benchmarks.estimating import run_estimate
 from benchmarks.model import estimate
-from benchmarks.report import compare, figures, site, tables, validation
+from benchmarks.report import compare, figures, site, tables
 from benchmarks.results import schema
-from benchmarks.run import context, context_verdict, decode, devices, grpo, machine, pace, worker
+from benchmarks.run import context, decode, devices, grpo, machine, pace, worker
 
 RESULTS = REPO / "results" / "runs"
 
@@ -103,25 +103,6 @@ def shown(path: Path) -> Path:
     return path.relative_to(REPO) if path.is_relative_to(REPO) else path
 
 
-def print_rewards_summary(path: Path) -> None:
-    run = schema.read_result(path, str(path)).record
-    print(f"\n{'reward':42} {'impl':10} {'batch':>5} {'words':>5} {'format':14} {'completions/s':>13}  p50/p99 s")
-    for info in sorted((row.extra_info for row in run.benchmarks), key=lambda i: (i.reward, i.batch)):
-        latency = f"{info.p50_latency_s:.3f}/{info.p99_latency_s:.3f}" if info.p50_latency_s is not None else ""
-        print(
-            f"{info.reward:42} {info.implementation:10} {info.batch:>5} {info.words:>5} "
-            f"{info.format:14} {info.completions_per_s:>13,.0f}  {latency}"
-        )
-    for target in run.grpo_bench.targets:
-        lowest = target.lowest_ratio
-        verdict = (
-            "not measured" if lowest is None else f"lowest ratio {lowest:.2f}x: {'met' if target.met else 'MISSED'}"
-        )
-        if target.within_noise and lowest is not None:
-            verdict += " (within the rows' spread)"
-        print(f"target: {target.claim} (>= {target.minimum_ratio:g}x): {verdict}")
-
-
 def run_tables(args: argparse.Namespace) -> int:
     try:
         written = tables.write_tables(args.results, args.out, args.all, args.claims)
@@ -136,7 +117,7 @@ def run_tables(args: argparse.Namespace) -> int:
         return 1
     for path in written:
         print(f"wrote {shown(path)}")
-    tables.print_model_error(args.results, args.all)
+    summaries.model_error(args.results, args.all)
     return 0
 
 
@@ -200,7 +181,7 @@ def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespac
             parser.error(f"--python {item!r}: expected NAME=INTERPRETER with NAME one of {', '.join(CONTENDERS)}")
         pythons[name] = interpreter
     path = context.run_context(profile, pythons, args.out, overrides, args.quick)
-    context_verdict.print_context_summary(path)
+    summaries.context(path)
     print(f"\nwrote {shown(path)}")
     return 0
 
@@ -352,20 +333,18 @@ def run_part(
     """One part of a profile, its summary printed; returns its result file."""
     if part == "rewards":
         path = run_rewards(profile, quick, out)
-        print_rewards_summary(path)
+        summaries.rewards(path)
     elif part == "decode":
         path = decode.run_decode(profile, quick, out)
         try:  # tabulate and matplotlib: a GPU box may lack them, and the result file stands alone
-            figures.print_decode_summary(path)
+            summaries.decode(path)
             for made in figures.write_decode_report(path):
                 print(f"made {shown(made)}")
         except ImportError as error:
             print(f"no decode table or figure here ({error}): `python -m benchmarks report {shown(path)}` makes them")
     else:
         path = grpo.run_grpo(profile, quick, out, configuration_filter, part)
-        grpo.print_summary(path)
-        lines = validation.phase_lines(schema.read_result(path, str(path)))
-        print("\nthe model beside each measured phase (on CUDA: the tensors torch held in it)", *lines, sep="\n")
+        summaries.grpo(path)
     return path
 
 

@@ -2,13 +2,13 @@
 device memory per process with a baseline, the NOT_SUPPORTED fallback of unified memory, server
 mode's GPUs, the default profile on a CUDA machine, and time limits."""
 
-import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import psutil
@@ -18,6 +18,7 @@ from benchmarks import cli
 from benchmarks.catalog import profiles as profile
 from benchmarks.results import schema
 from benchmarks.run import configuration, devices, grpo, worker
+from benchmarks.run.job import Job
 from benchmarks.run.sampler import MemorySampler
 
 GIB = 2**30
@@ -130,6 +131,8 @@ def test_unified_memory_answering_not_supported_falls_back_to_meminfo_and_says_s
     assert cli.detect(nvml)[:2] == ("spark", "spark")
 
 
+# The stand-in reads the job the harness wrote and takes its test hooks from the environment (STAND_IN_*),
+# which the launcher passes on: where to say what it saw, how long to hang, what engine refusal to print.
 STAND_IN = """
 import json, os, socket, sys, time
 job = json.loads(open(sys.argv[-1]).read())
@@ -139,16 +142,16 @@ channel = connection.makefile("w")
 def say(**event):
     channel.write(json.dumps(event) + "\\n"); channel.flush()
 say(event="hello", pid=os.getpid())
-with open(job["seen"], "w") as seen:
+with open(os.environ["STAND_IN_SEEN"], "w") as seen:
     json.dump({"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                "server_devices": job.get("server_devices")}, seen)
 say(event="versions", versions={"stand-in": "1"})
-if os.environ.get("CUDA_VISIBLE_DEVICES") and not job.get("cpu_torch"):  # as the worker does on CUDA
+if os.environ.get("CUDA_VISIBLE_DEVICES") and not os.environ.get("STAND_IN_CPU_TORCH"):  # as the worker on CUDA
     say(event="device", name="stand-in", total_bytes=140 * 2**30)
 say(event="phase", phase="setup")
-time.sleep(job.get("hang_s", 0))
-if "engine_log" in job:  # vLLM's engine process logs why it refused; the worker sees another error
-    print(job["engine_log"], flush=True)
+time.sleep(float(os.environ.get("STAND_IN_HANG_S", 0)))
+if "STAND_IN_ENGINE_LOG" in os.environ:  # vLLM's engine process logs why it refused; the worker sees another error
+    print(os.environ["STAND_IN_ENGINE_LOG"], flush=True)
     say(event="error", error="RuntimeError: Engine core initialization failed. See root cause above.")
     sys.exit(1)
 say(event="step_begin", step=0)
@@ -167,13 +170,22 @@ def stand_in(tmp_path):
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     interpreter = tmp_path / "interpreter"
-    interpreter.write_text(f'#!/bin/bash\nexec {sys.executable} {script} "$@"\n')
+    seen = tmp_path / "seen.json"
+    interpreter.write_text(f'#!/bin/bash\nSTAND_IN_SEEN={seen} exec {sys.executable} {script} "$@"\n')
     interpreter.chmod(0o755)
     return str(interpreter)
 
 
-def job(tmp_path, **levers) -> dict:
-    return {"levers": {"use_vllm": False, "vllm_mode": "colocate", **levers}, "seen": str(tmp_path / "seen.json")}
+def job(tmp_path, dtype="float32", **levers) -> Job:
+    """A job for the stand-in, which reads nothing of it but its channel (the harness places the rest)."""
+    return Job(
+        levers=profile.Levers(**levers),
+        model_dir=str(tmp_path),
+        dtype=dtype,
+        prompt_words=8,
+        warmup_steps=0,
+        measured_steps=1,
+    )
 
 
 def test_server_mode_on_one_gpu_is_skipped_with_the_reason(tmp_path, stand_in, monkeypatch):
@@ -236,10 +248,10 @@ def test_a_worker_that_did_not_run_on_the_gpu_is_headlined_by_host_rss(tmp_path,
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     nvml = FakeNVML(gpu("NVIDIA H200", 140.4, processes={1: 50 * GIB}))
     # a CPU build of torch on a GPU machine: NVML sees the GPU, the worker never touches it
-    record = configuration.run_configuration(
-        {**job(tmp_path), "cpu_torch": True}, None, tmp_path / "w.log", python=stand_in, nvml=nvml
-    )
+    monkeypatch.setenv("STAND_IN_CPU_TORCH", "1")
+    record = configuration.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=nvml)
     assert record.summary.peak_measure == schema.HOST_RSS and record.steps[0].peak_device_bytes is None
+    monkeypatch.delenv("STAND_IN_CPU_TORCH")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CUDA is given no device at all
     record = configuration.run_configuration(job(tmp_path), None, tmp_path / "w2.log", python=stand_in, nvml=nvml)
     assert record.summary.peak_measure == schema.HOST_RSS and record.harness.gpus == []
@@ -251,13 +263,17 @@ def test_on_cpu_the_headline_peak_is_host_rss(tmp_path, stand_in):
     assert record.summary.peak_measure == schema.HOST_RSS and record.steps[0].peak_device_bytes is None
 
 
-def test_a_configuration_past_its_time_limit_is_a_timeout_in_its_phase_and_the_next_one_runs(tmp_path, stand_in):
+def test_a_configuration_past_its_time_limit_is_a_timeout_in_its_phase_and_the_next_one_runs(
+    tmp_path, stand_in, monkeypatch
+):
     started = time.monotonic()
+    monkeypatch.setenv("STAND_IN_HANG_S", "60")
     record = configuration.run_configuration(
-        {**job(tmp_path), "hang_s": 60}, None, tmp_path / "w.log", python=stand_in, timeout_s=2, nvml=FakeNVML()
+        job(tmp_path), None, tmp_path / "w.log", python=stand_in, timeout_s=2, nvml=FakeNVML()
     )
     assert time.monotonic() - started < 15
     assert record.status == "timeout" and record.phase == "setup" and "2 s" in record.reason
+    monkeypatch.delenv("STAND_IN_HANG_S")
     following = configuration.run_configuration(
         job(tmp_path), None, tmp_path / "w2.log", python=stand_in, nvml=FakeNVML()
     )
@@ -309,19 +325,17 @@ def test_vllm_refusing_to_start_is_engine_cannot_start(message):
     assert not worker.engine_cannot_start(ValueError("shape mismatch"))
 
 
-def test_an_engine_process_refusing_to_start_is_recorded_as_engine_cannot_start(tmp_path, stand_in):
+def test_an_engine_process_refusing_to_start_is_recorded_as_engine_cannot_start(tmp_path, stand_in, monkeypatch):
     refusal = "(EngineCore pid=7) ValueError: No available memory for the cache blocks. Try increasing ..."
-    record = configuration.run_configuration(
-        {**job(tmp_path), "engine_log": refusal}, None, tmp_path / "w.log", python=stand_in, nvml=FakeNVML()
-    )
+    monkeypatch.setenv("STAND_IN_ENGINE_LOG", refusal)
+    record = configuration.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=FakeNVML())
     assert record.status == "oom" and record.phase == "engine_start"
     assert record.reason.startswith("engine cannot start: (EngineCore pid=7) ValueError: No available memory")
 
 
 def test_the_worker_s_skip_reasons_name_what_is_missing():
-    levers = dataclasses.asdict(profile.Levers())
-    assert worker.skip_reason({"levers": {**levers, "model": "qlora"}}, cuda=False).startswith("QLoRA")
-    assert worker.skip_reason({"levers": levers}, cuda=False) is None
+    assert worker.skip_reason(job(Path("unused"), model="qlora"), cuda=False).startswith("QLoRA")
+    assert worker.skip_reason(job(Path("unused")), cuda=False) is None
 
 
 def test_ranks_get_a_gpu_each_and_the_server_the_next_ones_or_the_configuration_is_skipped():
@@ -336,7 +350,7 @@ def test_ranks_get_a_gpu_each_and_the_server_the_next_ones_or_the_configuration_
 def test_a_launch_where_fewer_ranks_report_than_asked_for_is_an_error(tmp_path, stand_in, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     nvml = FakeNVML(*(gpu("NVIDIA H100", 79.65, index=i) for i in range(3)))
-    two_ranks = {**job(tmp_path, num_processes=2, distributed_type="ddp"), "dtype": "bfloat16"}
+    two_ranks = job(tmp_path, dtype="bfloat16", num_processes=2, distributed_type="ddp")
     # the stand-in takes the launcher's place: one process, one rank's word, where two were asked for
     record = configuration.run_configuration(two_ranks, None, tmp_path / "w.log", python=stand_in, nvml=nvml)
     assert record.status == "error" and record.reason.startswith("1 of 2 ranks ended with a word")

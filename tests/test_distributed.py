@@ -1,8 +1,6 @@
 """GRPO steps over many ranks and machines on this CPU: real TRL under accelerate and DeepSpeed over
 gloo, on the tiny shape. Each launch takes ~10-40 s here (imports, two ranks on two cores)."""
 
-import dataclasses
-
 import pytest
 
 pytest.importorskip("trl")
@@ -11,6 +9,7 @@ pytest.importorskip("deepspeed")
 from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
 from benchmarks.model.estimate import rank_model_states  # noqa: E402
 from benchmarks.run import configuration, launch, machines  # noqa: E402
+from benchmarks.run.job import Job  # noqa: E402
 from benchmarks.run.models import materialise  # noqa: E402
 
 TINY = load_shapes()["tiny"]
@@ -21,16 +20,11 @@ def model_dir(tmp_path_factory):
     return materialise(TINY, "float32", root=tmp_path_factory.mktemp("models"))
 
 
-def job(model_dir, **levers) -> dict:
+def job(model_dir, **levers) -> Job:
     chosen = Levers(num_generations=4, per_device_train_batch_size=4, max_completion_length=8, **levers)
-    return {
-        "levers": dataclasses.asdict(chosen),
-        "model_dir": str(model_dir),
-        "dtype": "float32",
-        "warmup_steps": 0,
-        "measured_steps": 1,
-        "prompt_words": 8,
-    }
+    return Job(
+        levers=chosen, model_dir=str(model_dir), dtype="float32", warmup_steps=0, measured_steps=1, prompt_words=8
+    )
 
 
 def test_two_ranks_under_zero3_each_hold_half_the_model_and_are_recorded_per_rank(model_dir, tmp_path):
@@ -95,9 +89,7 @@ def test_two_machines_over_loopback_through_submitit_s_local_executor_make_one_r
 
 
 def test_the_accelerate_config_starts_from_trl_s_and_carries_the_levers(tmp_path):
-    levers = dataclasses.asdict(
-        Levers(num_processes=4, num_machines=2, distributed_type="zero3", offload_optimizer_device="cpu")
-    )
+    levers = Levers(num_processes=4, num_machines=2, distributed_type="zero3", offload_optimizer_device="cpu")
     place = launch.Place(machine_rank=1, main_process_ip="10.0.0.1", main_process_port=29500)
     argv, config = launch.command(levers, "bfloat16", True, place, tmp_path / "job.json", python="python")
     assert argv[:3] == ["python", "-m", "accelerate.commands.launch"] and argv[-3:] == [
@@ -111,7 +103,7 @@ def test_the_accelerate_config_starts_from_trl_s_and_carries_the_levers(tmp_path
     zero = config["deepspeed_config"]["deepspeed_config_file"]["zero_optimization"]
     assert zero["stage"] == 3 and zero["offload_optimizer"] == {"device": "cpu"}
     assert zero["stage3_param_persistence_threshold"] == 0
-    one, none = launch.command(dataclasses.asdict(Levers()), "float32", False, place, tmp_path / "job.json", "python")
+    one, none = launch.command(Levers(), "float32", False, place, tmp_path / "job.json", "python")
     assert none is None and one[:3] == ["python", "-m", "benchmarks.run.worker"]
 
 

@@ -2,7 +2,6 @@
 setting for every context contender, a failed CUDA probe's device figure, and a commit that is honest
 where the tree travelled without git."""
 
-import dataclasses
 import io
 import json
 import subprocess
@@ -15,6 +14,7 @@ from benchmarks.report import validation
 from benchmarks.results import schema
 from benchmarks.run import context, machine, worker
 from benchmarks.run.configuration import summarise
+from benchmarks.run.job import Job
 from benchmarks.run.models import materialise
 from benchmarks.run.worker import Phases
 
@@ -126,8 +126,8 @@ def stand_in_probe(jobs, fits_up_to):
 
     def run(job, budget, log, python, timeout_s):
         jobs.append(job)
-        length = job["levers"]["max_completion_length"]
-        device = {"name": "stand-in", "allocator_conf": job["allocator_conf"]}
+        length = job.levers.max_completion_length
+        device = {"name": "stand-in", "allocator_conf": job.allocator_conf}
         if length > fits_up_to:
             peaks = schema.CudaPeaks(allocated=int(2.9 * GIB), reserved=int(2.99 * GIB))
             return schema.WorkerRecord(
@@ -150,8 +150,8 @@ def test_every_cuda_contender_runs_under_the_same_allocator_settings(monkeypatch
     path = context.run_context(profile, pythons, tmp_path, {"warmup_probe": False})
 
     run = schema.read_result(path, path.name).record
-    assert {job["stack"] for job in jobs} == {"trl", "unsloth"} and len(run.contenders) == 4
-    assert {job["allocator_conf"] for job in jobs} == {context.CUDA_ALLOC_CONF}
+    assert {job.stack for job in jobs} == {"trl", "unsloth"} and len(run.contenders) == 4
+    assert {job.allocator_conf for job in jobs} == {context.CUDA_ALLOC_CONF}
     assert context.CUDA_ALLOC_CONF in run.search.allocator_conf
     assert "CUDA context lies outside" in run.search.budget_enforced_by
     failed = [p for c in run.contenders for p in c.probes if not p.fits]
@@ -164,7 +164,7 @@ def test_a_cut_context_search_keeps_every_probe_that_ended(monkeypatch, tmp_path
     probe = stand_in_probe(jobs, fits_up_to=1024)
 
     def cut_in_the_third_contender(job, *args, **kwargs):
-        if job["extra_config"].get("use_liger_kernel"):
+        if job.extra_config.get("use_liger_kernel"):
             raise schema.Stopped("signal SIGTERM")
         return probe(job, *args, **kwargs)
 
@@ -216,15 +216,15 @@ def test_the_70b_row_s_on_device_qlora_policy_trains_a_real_grpo_step_here(tmp_p
     pytest.importorskip("trl")
     pytest.importorskip("bitsandbytes")
     levers = Levers(model="qlora", gradient_checkpointing=True, per_device_train_batch_size=4, max_completion_length=8)
-    job = {
-        "levers": dataclasses.asdict(levers),
-        "model_dir": str(materialise(load_shapes()["tiny"], "float32", root=tmp_path, weights="on-device")),
-        "dtype": "float32",
-        "warmup_steps": 0,
-        "measured_steps": 1,
-        "prompt_words": 8,
-        "weights": "on-device",
-    }
+    job = Job(
+        levers=levers,
+        model_dir=str(materialise(load_shapes()["tiny"], "float32", root=tmp_path, weights="on-device")),
+        dtype="float32",
+        warmup_steps=0,
+        measured_steps=1,
+        prompt_words=8,
+        weights="on-device",
+    )
     assert not list(tmp_path.rglob("*.safetensors"))  # nothing but the config and tokenizer on disk
     channel = io.StringIO()
     trainer = worker.build_trainer(job, Phases(channel, cuda=False), False, str(tmp_path / "out"), None)

@@ -18,6 +18,7 @@ pytest.importorskip("peft")
 
 from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
 from benchmarks.run.configuration import run_configuration  # noqa: E402
+from benchmarks.run.job import Job  # noqa: E402
 from benchmarks.run.models import materialise  # noqa: E402
 
 BASE = Levers(num_generations=4, per_device_train_batch_size=4, max_completion_length=16)
@@ -29,16 +30,18 @@ def model_dirs(tmp_path_factory):
     return {name: materialise(load_shapes()[name], "float32", root=root) for name in ("tiny", "tiny-wide")}
 
 
+def job(model_dir, steps=1, **levers):
+    """A job of ``BASE`` with ``levers`` changed on a tiny shape: ``steps`` measured steps, no warm-up."""
+    levers = dataclasses.replace(BASE, **levers)
+    return Job(
+        levers=levers, model_dir=str(model_dir), dtype="float32", warmup_steps=0, measured_steps=steps, prompt_words=8
+    )
+
+
 def run(model_dirs, tmp_path, shape="tiny", prefix=(), steps=1, **levers):
-    job = {
-        "levers": dataclasses.asdict(dataclasses.replace(BASE, **levers)),
-        "model_dir": str(model_dirs[shape]),
-        "dtype": "float32",
-        "warmup_steps": 0,
-        "measured_steps": steps,
-        "prompt_words": 8,
-    }
-    record = run_configuration(job, budget_bytes=None, log_path=tmp_path / "worker.log", prefix=prefix)
+    record = run_configuration(
+        job(model_dirs[shape], steps, **levers), budget_bytes=None, log_path=tmp_path / "worker.log", prefix=prefix
+    )
     assert record.status == "ok", record.reason or record.log_tail
     return record
 
@@ -91,32 +94,18 @@ def test_beta_without_peft_adds_a_reference_copy_of_the_weights(model_dirs, tmp_
 
 
 def test_a_configuration_this_machine_cannot_run_is_skipped_with_its_reason(model_dirs, tmp_path):
-    job = {
-        "levers": dataclasses.asdict(dataclasses.replace(BASE, model="qlora")),
-        "model_dir": str(model_dirs["tiny"]),
-        "dtype": "float32",
-        "warmup_steps": 0,
-        "measured_steps": 1,
-        "prompt_words": 8,
-    }
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("QLoRA runs where CUDA is")
-    record = run_configuration(job, budget_bytes=None, log_path=tmp_path / "worker.log")
+    record = run_configuration(
+        job(model_dirs["tiny"], model="qlora"), budget_bytes=None, log_path=tmp_path / "worker.log"
+    )
     assert record.status == "skipped" and "CUDA" in record.reason
 
 
 def test_a_worker_over_its_memory_budget_is_recorded_as_oom_in_its_phase(model_dirs, tmp_path):
-    job = {
-        "levers": dataclasses.asdict(BASE),
-        "model_dir": str(model_dirs["tiny"]),
-        "dtype": "float32",
-        "warmup_steps": 0,
-        "measured_steps": 1,
-        "prompt_words": 8,
-    }
-    record = run_configuration(job, budget_bytes=200 * 2**20, log_path=tmp_path / "worker.log")
+    record = run_configuration(job(model_dirs["tiny"]), budget_bytes=200 * 2**20, log_path=tmp_path / "worker.log")
     assert record.status == "oom" and record.phase and "budget" in record.reason
 
 

@@ -10,6 +10,7 @@ import pytest
 from benchmarks.catalog import profiles
 from benchmarks.catalog.profiles import GRPO_CONFIG, LAUNCHER, LEVER_KINDS, MODEL_LOADING, SERVER, TRAINER, Levers
 from benchmarks.run import launch, trainer, worker
+from benchmarks.run.job import Job
 from benchmarks.run.models import materialise
 
 # Every lever away from its default, each to a value the checks on load accept together.
@@ -42,17 +43,17 @@ AWAY = Levers(
 )
 
 
-def job(levers: Levers, model_dir: str = "unused") -> dict:
-    return {
-        "levers": dataclasses.asdict(levers),
-        "model_dir": model_dir,
-        "dtype": "float32",
-        "warmup_steps": 0,
-        "measured_steps": 1,
-        "prompt_words": 8,
-        "server_host": "127.0.0.1",
-        "server_port": 8000,
-    }
+def job(levers: Levers, model_dir: str = "unused") -> Job:
+    return Job(
+        levers=levers,
+        model_dir=model_dir,
+        dtype="float32",
+        warmup_steps=0,
+        measured_steps=1,
+        prompt_words=8,
+        server_host="127.0.0.1",
+        server_port=8000,
+    )
 
 
 def test_every_lever_is_declared_with_its_kind_and_help_and_set_away_from_its_default_here():
@@ -95,9 +96,8 @@ def test_the_real_trainer_runs_with_every_lever_this_machine_can_run_and_keeps_t
 
 def test_launcher_levers_arrive_in_accelerate_s_and_deepspeed_s_configs(tmp_path):
     place = launch.Place(machine_rank=1, main_process_ip="10.0.0.1", main_process_port=29500)
-    levers = dataclasses.asdict(AWAY)
-    deepspeed = launch.deepspeed_config(levers)
-    config = launch.accelerate_config(levers, "bfloat16", True, place, Path(tmp_path / "ds.json"))
+    deepspeed = launch.deepspeed_config(AWAY)
+    config = launch.accelerate_config(AWAY, "bfloat16", True, place, Path(tmp_path / "ds.json"))
     assert set(profiles.levers_of_kind(LAUNCHER)) == {
         "num_processes",
         "num_machines",

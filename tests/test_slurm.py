@@ -2,7 +2,6 @@
 here in a temporary directory and stopped after (docs/many-gpus.md). Needs root and the packages
 (`apt-get install slurmctld slurmd slurm-client munge`, ~15 s); skipped with the reason without them."""
 
-import dataclasses
 import os
 import shutil
 import socket
@@ -17,6 +16,7 @@ pytest.importorskip("submitit")
 
 from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
 from benchmarks.run import machines  # noqa: E402
+from benchmarks.run.job import Job  # noqa: E402
 from benchmarks.run.models import materialise  # noqa: E402
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sinfo", "sbatch")
@@ -103,19 +103,14 @@ def test_a_profile_s_configurations_go_to_slurm_as_one_job_array_per_resource_sh
     monkeypatch.setenv("GRPO_BENCH_SLURM_FOLDER", str(tmp_path / "shared"))
     model_dir = materialise(load_shapes()["tiny"], "float32", root=tmp_path / "models")
 
-    def job(kind: str) -> dict:
+    def job(kind: str) -> Job:
         levers = Levers(
             num_generations=4, per_device_train_batch_size=4, max_completion_length=8, num_processes=2,
             distributed_type=kind,
         )  # fmt: skip
-        return {
-            "levers": dataclasses.asdict(levers),
-            "model_dir": str(model_dir),
-            "dtype": "float32",
-            "warmup_steps": 0,
-            "measured_steps": 1,
-            "prompt_words": 8,
-        }
+        return Job(
+            levers=levers, model_dir=str(model_dir), dtype="float32", warmup_steps=0, measured_steps=1, prompt_words=8
+        )
 
     logs = tmp_path / "logs"
     logs.mkdir()

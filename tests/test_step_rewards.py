@@ -1,6 +1,5 @@
 """The reward a GRPO step runs (the ``reward`` lever) and the malloc thresholds every CPU part runs under."""
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -10,8 +9,18 @@ import pytest
 from benchmarks import cli
 from benchmarks.catalog import profiles
 from benchmarks.run import trainer, worker
+from benchmarks.run.job import Job
 
-LEVERS = dataclasses.asdict(profiles.Levers())
+
+def job(**levers) -> Job:
+    return Job(
+        levers=profiles.Levers(**levers),
+        model_dir="unused",
+        dtype="float32",
+        prompt_words=8,
+        warmup_steps=0,
+        measured_steps=1,
+    )
 
 
 @pytest.mark.parametrize(
@@ -51,9 +60,9 @@ def test_the_execution_reward_is_skipped_with_the_reason_where_no_sandbox_works(
             return "bwrap: no user namespaces"
 
     monkeypatch.setattr(worker, "default_sandbox", Refusing)
-    reason = worker.skip_reason({"levers": {**LEVERS, "reward": "execution"}}, cuda=False)
+    reason = worker.skip_reason(job(reward="execution"), cuda=False)
     assert reason == "the execution reward runs nothing without a sandbox here: bwrap: no user namespaces"
-    assert worker.skip_reason({"levers": LEVERS}, cuda=False) is None
+    assert worker.skip_reason(job(), cuda=False) is None
 
 
 # A child that frees 64 MiB of 1 MiB blocks below a block it keeps: glibc's own thresholds rise after the

@@ -8,7 +8,6 @@ import pandas as pd
 
 from benchmarks.report import frames
 from benchmarks.results.schema import DecodeFile, SchemaError, read_result
-from benchmarks.run.probe import ARRAYS_TOUCHED
 
 
 def decode_table(run: DecodeFile) -> str:
@@ -102,13 +101,3 @@ def write_decode_report(result_path: Path) -> tuple[Path, Path]:
     table.write_text(decode_table(run))
     decode_figure(run, image)
     return table, image
-
-
-def print_decode_summary(path: Path) -> None:
-    """Every kernel of the probe, then the run's table (the same one written beside the file)."""
-    run = read_result(path, str(path)).record
-    for kernel in ARRAYS_TOUCHED:
-        rates = getattr(run.ceiling, kernel)
-        print(f"{kernel:6} {rates.median_gb_s:8.1f} GB/s (min {rates.min_gb_s:.1f}, max {rates.max_gb_s:.1f})")
-    print()
-    print(decode_table(run))

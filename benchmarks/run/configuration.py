@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import statistics
@@ -16,7 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from benchmarks.model.estimate import GIB
 from benchmarks.results import schema
 from benchmarks.run import devices, launch
 from benchmarks.run.channel import Channel, Heard, free_port, listen
+from benchmarks.run.job import Job
 from benchmarks.run.sampler import MemorySampler
 from benchmarks.run.worker import ENGINE_CANNOT_START
 
@@ -95,17 +95,8 @@ def _per_step(peaks: dict[tuple[int | None, str], int], step: int) -> dict[str, 
     return {phase: peak for (index, phase), peak in peaks.items() if index == step}
 
 
-def with_every_lever(job: dict) -> dict:
-    """``job`` with every lever the worker reads: those it leaves out at their defaults."""
-    return {**job, "levers": {**asdict(Levers()), **job["levers"]}}
-
-
-def server_mode(levers: dict) -> bool:
-    return levers["use_vllm"] and levers["vllm_mode"] == "server"
-
-
 def run_configuration(
-    job: dict,
+    job: Job,
     budget_bytes: int | None,
     log_path: Path,
     prefix: Sequence[str] = (),
@@ -126,8 +117,7 @@ def run_configuration(
     place = place or launch.Place(
         machine_rank=0, main_process_ip="127.0.0.1", main_process_port=free_port()
     )  # one machine: its own rendezvous port
-    job = with_every_lever(job)
-    levers = job["levers"]
+    levers = job.levers
     gpus = devices.visible_gpus(nvml)
     placed = _place(job, gpus, place)
     if isinstance(placed, schema.WorkerRecord):
@@ -137,13 +127,13 @@ def run_configuration(
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as scratch:
         channel = Channel(Path(scratch) / "channel")
         job_path = Path(scratch) / "job.json"
-        job_path.write_text(json.dumps({**job, "channel": channel.path}))
-        argv, config = launch.command(levers, job.get("dtype", "float32"), bool(gpus), place, job_path, python)
+        replace(job, channel=channel.path).write(job_path)
+        argv, config = launch.command(levers, job.dtype, bool(gpus), place, job_path, python)
         # the budget bounds the host's RSS on a CPU; on CUDA each rank caps its allocator at it instead
         run = _run_launcher([*prefix, *argv], env, log_path, channel, None if used else budget_bytes, device, timeout_s)
     record = _record(run.heard, run.sampler, device, levers, log_path, run.returncode)
     _verdict(record, run, timeout_s, budget_bytes)
-    if config is not None or levers["num_machines"] > 1:
+    if config is not None or levers.num_machines > 1:
         record.distribution = _distribution(run.heard, levers, config)
     sampler = run.sampler
     record.harness = schema.Harness(
@@ -158,28 +148,29 @@ def run_configuration(
 
 
 def _place(
-    job: dict, gpus: list[schema.Gpu], place: launch.Place
-) -> tuple[dict, dict[str, str], list[schema.Gpu]] | schema.WorkerRecord:
+    job: Job, gpus: list[schema.Gpu], place: launch.Place
+) -> tuple[Job, dict[str, str], list[schema.Gpu]] | schema.WorkerRecord:
     """The job, the launcher's environment and the GPUs it uses: the ranks get the first visible GPUs, a
     server started here the next ones, its address in the job; or the record of a configuration skipped."""
-    levers = job["levers"]
+    levers = job.levers
     env = {**os.environ, **VLLM_CPU_ENV, "PYTHONUNBUFFERED": "1"}
     used: list[schema.Gpu] = []
     # The server beside the first machine's ranks, unless a machine of its own runs it (run_machines).
-    server_here = server_mode(levers) and place.machine_rank == 0 and "server_host" not in job
+    server_here = job.server_mode and place.machine_rank == 0 and job.server_host is None
     if gpus:
-        server_count = levers["vllm_server_tensor_parallel_size"] * levers["vllm_server_data_parallel_size"]
-        split = devices.split(gpus, levers["num_processes"], server_count if server_here else 0)
+        server_count = levers.vllm_server_tensor_parallel_size * levers.vllm_server_data_parallel_size
+        split = devices.split(gpus, levers.num_processes, server_count if server_here else 0)
         if isinstance(split, str):
             return skipped(split)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(split.trainer)
-        job = {**job, "server_devices": split.server}
+        job = replace(job, server_devices=tuple(split.server))
         used = [g for g in gpus if g.uuid in split.trainer + split.server]
     elif launch.cpu_skip_reason(levers):
         return skipped(launch.cpu_skip_reason(levers))
-    if server_mode(levers):
-        address = {"server_host": place.main_process_ip, "server_port": free_port()}
-        job = {**address, **job, "server_starts_here": server_here}
+    if job.server_mode:
+        if job.server_host is None:
+            job = replace(job, server_host=place.main_process_ip, server_port=free_port())
+        job = replace(job, server_starts_here=server_here)
     return job, env, used
 
 
@@ -282,13 +273,13 @@ def _record(
     heard: Heard,
     sampler: MemorySampler,
     device: devices.DeviceMemory | None,
-    levers: dict,
+    levers: Levers,
     log_path: Path,
     exit_status: int | None,
 ) -> schema.WorkerRecord:
     """The record of a launch from what its ranks said and what the sampler read: per rank its steps'
     peaks and summary; the configuration's steps the maximum over its ranks; how it ended."""
-    many = levers["distributed_type"] != "no"
+    many = levers.distributed_type != "no"
     ranks, measure = _rank_records(heard, sampler, device, many)
     merged = merged_steps([heard.steps.get(rank, []) for rank in sorted(set(heard.hellos))])
     record = schema.WorkerRecord(status="ok", steps=merged, summary=summarise(merged, measure))
@@ -329,15 +320,15 @@ def _rank_records(
     return ranks, measure
 
 
-def _ending(record: schema.WorkerRecord, heard: Heard, levers: dict, log_path: Path, exit_status: int | None) -> None:
+def _ending(record: schema.WorkerRecord, heard: Heard, levers: Levers, log_path: Path, exit_status: int | None) -> None:
     """How the ranks ended: the first that did not finish (oom, skipped, an error; an engine that could not
     start), independent runs where one of many ranks was asked for, or ranks that ended without a word."""
-    expected = levers["num_processes"]
+    expected = levers.num_processes
     bad = [(rank, e) for rank, e in heard.endings if e["event"] != "done"]
     if bad:
         rank, ending = bad[0]
         _bad_ending(record, ending, log_path, exit_status)
-        if levers["distributed_type"] != "no":
+        if levers.distributed_type != "no":
             record.reason = f"rank {rank}: {record.reason}"
     elif len(heard.hellos) != len(set(heard.hellos)):
         record.status = "error"
@@ -400,13 +391,13 @@ def merged_steps(per_rank: list[list[schema.Step]]) -> list[schema.Step]:
     return merged
 
 
-def _distribution(heard: Heard, levers: dict, config: dict | None) -> schema.Distribution:
+def _distribution(heard: Heard, levers: Levers, config: dict | None) -> schema.Distribution:
     """How the ranks ran, from their own reports (rank 0's, the partition share the largest over ranks)."""
     seen = heard.distribution
     first = seen[min(seen)] if seen else {}
     return schema.Distribution(
         world_size=first.get("world_size"),
-        num_machines=levers["num_machines"],
+        num_machines=levers.num_machines,
         distributed_type=first.get("distributed_type", "unknown: no rank reported it"),
         backend=first.get("backend"),
         zero_stage=first.get("zero_stage"),

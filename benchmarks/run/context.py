@@ -33,6 +33,7 @@ from benchmarks.run import machine
 from benchmarks.run.configuration import run_configuration
 from benchmarks.run.context_search import ProbeFailed, bracket, search
 from benchmarks.run.context_verdict import ratios, search_targets, verdict
+from benchmarks.run.job import Job
 from benchmarks.run.models import materialise
 
 SEARCHED = {
@@ -146,23 +147,23 @@ def new_entry(name: str, cuda: bool) -> schema.ContenderRun:
     )
 
 
-def probe_job(name: str, settings: ContextBench, model_dir: Path, cuda: bool) -> dict[str, Any]:
+def probe_job(name: str, settings: ContextBench, model_dir: Path, cuda: bool) -> Job:
     """A probe's worker job but for its length: the contender's stack and levers, one measured step."""
     levers = contender_levers(name, settings)
     own = CONTENDERS[name].levers
-    return {
-        "stack": CONTENDERS[name].stack,
-        "levers": asdict(levers),
-        "extra_config": {k: v for k, v in own.items() if not hasattr(levers, k)},
-        "model_dir": str(model_dir),
-        "dtype": settings.dtype,
-        "warmup_steps": 0,
-        "measured_steps": 1,
-        "prompt_words": settings.prompt_words,
-        "memory_budget_bytes": int(settings.budget_gib * GIB) if cuda else None,  # over the device's own total
-        "malloc_mmap_threshold": 0 if cuda else settings.malloc_mmap_threshold,
-        "allocator_conf": CUDA_ALLOC_CONF if cuda else None,
-    }
+    return Job(
+        stack=CONTENDERS[name].stack,
+        levers=levers,
+        extra_config={k: v for k, v in own.items() if not hasattr(levers, k)},
+        model_dir=str(model_dir),
+        dtype=settings.dtype,
+        warmup_steps=0,
+        measured_steps=1,
+        prompt_words=settings.prompt_words,
+        memory_budget_bytes=int(settings.budget_gib * GIB) if cuda else None,  # over the device's own total
+        malloc_mmap_threshold=0 if cuda else settings.malloc_mmap_threshold,
+        allocator_conf=CUDA_ALLOC_CONF if cuda else None,
+    )
 
 
 def run_contender(
@@ -215,7 +216,7 @@ class _Prober:
     entry: schema.ContenderRun
     python: str
     settings: ContextBench
-    job: dict
+    job: Job
     levers: Levers
     hardware: Hardware
     cuda: bool
@@ -229,7 +230,7 @@ class _Prober:
     def run_step(self, length: int, timeout_s: float) -> tuple[schema.WorkerRecord, float]:
         started = time.monotonic()
         record = run_configuration(
-            {**self.job, "levers": asdict(replace(self.levers, max_completion_length=length))},
+            self.job.with_levers(max_completion_length=length),
             None if self.cuda else int(self.settings.budget_gib * GIB),
             self.logs / f"{self.entry.name}-{length}.log",
             python=self.python,

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from benchmarks.catalog.profiles import ContextBench
 from benchmarks.model.estimate import GIB
 
-MAX_PROBES = 4  # per contender: the guided search's target
-
 
 class ProbeFailed(RuntimeError):
     """A probe ended neither fitting nor out of memory (an error): the search cannot go on."""

@@ -3,14 +3,10 @@ unchunked baseline's and TRL's, the verdict on Unsloth's ~7x, the search's targe
 
 from __future__ import annotations
 
-import statistics
-from pathlib import Path
-
 from benchmarks.catalog.contenders import BASELINE, OPTIMIZED
 from benchmarks.catalog.profiles import ContextBench
-from benchmarks.model.estimate import GIB
+from benchmarks.catalog.targets import CONTEXT_AGREEMENT_STEPS, CONTEXT_SEARCH_S, MAX_CONTEXT_PROBES
 from benchmarks.results import schema
-from benchmarks.run.context_search import MAX_PROBES
 
 SEED_CLAIM = (
     "Unsloth's chunked-loss RL path extends usable RL context to roughly 7x longer than an unchunked "
@@ -103,74 +99,16 @@ def search_targets(
             agreement.append(abs(entry.max_completion_tokens - theirs) / step)
     against = f" ({earlier.file})" if earlier else " (none here with these settings)"
     return [
-        schema.Target.at_most("the search finishes within 20 minutes", wall_s, 1200),
+        schema.Target.at_most(f"the search finishes within {CONTEXT_SEARCH_S // 60} minutes", wall_s, CONTEXT_SEARCH_S),
         schema.Target.at_most(
-            f"at most {MAX_PROBES} probes per contender",
+            f"at most {MAX_CONTEXT_PROBES} probes per contender",
             max((len(c.probes) for c in measured), default=None),
-            MAX_PROBES,
+            MAX_CONTEXT_PROBES,
         ),
         schema.Target.at_most(
             f"each contender's maximum within one step (its resolution, at least a granule) of the earlier "
             f"search's{against}: the largest difference in steps",
             max(agreement, default=None),
-            1.0,
+            CONTEXT_AGREEMENT_STEPS,
         ),
     ]
-
-
-def print_context_summary(path: Path) -> None:
-    run = schema.read_result(path, str(path)).record
-    search_settings = run.search
-    print(
-        f"\nbudget {search_settings.budget_gib} GiB ({search_settings.budget_enforced_by}); "
-        f"{run.shape.name} {search_settings.dtype}; {search_settings.searched}; "
-        f"{search_settings.completions_per_step} completions per step"
-    )
-    header = f"{'contender':20} {'status':9} {'max tokens':>10} {'predicted':>9} {'anchored':>8} {'probes':>6}"
-    print(f"{header}  ratios (measured / predicted / anchored)")
-    for entry in run.contenders:
-        row = (run.ratios or {}).get(entry.name, {})
-        ratio_text = "  ".join(
-            f"vs {ref}: " + " / ".join(_x(row.get(f"{kind}_vs_{ref}")) for kind in RATIO_KINDS)
-            for ref in (BASELINE, OPTIMIZED)
-        )
-        if entry.status != "measured":
-            print(f"{entry.name:20} {entry.status:9} {entry.reason}")
-            continue
-        best = entry.max_completion_tokens
-        best_text = "none" if best is None else f">={best}" if entry.at_ceiling else str(best)
-        print(
-            f"{entry.name:20} {'measured':9} {best_text:>10} "
-            f"{entry.predicted_max_completion_tokens or 'none':>9} "
-            f"{entry.anchored_max_completion_tokens or 'none':>8} {len(entry.probes):>6}  {ratio_text}"
-        )
-    for name, share in run.prediction.items():
-        print(
-            f"model at {name}'s max ({share.completion_tokens} tokens): "
-            f"logits {share.logits_bytes / GIB:.2f} GiB against the rest {share.rest_bytes / GIB:.2f} GiB"
-        )
-    errors = [
-        abs(p.predicted_peak_bytes - p.peak_bytes) / p.peak_bytes
-        for entry in run.contenders
-        for p in entry.probes
-        if p.fits and p.peak_bytes
-    ]
-    if errors:
-        print(f"analytic peak vs measured over the fitting probes: median abs error {statistics.median(errors):.0%}")
-    print(f"\nclaim (seed): {run.verdict.seed_claim}")
-    print(f"claim (Unsloth): {run.verdict.unsloth_claim}")
-    print(
-        "predicted: the analytic model alone; anchored: its per-token terms on top of the smallest fitting "
-        "probe's measured peak (its fixed part replaced by the measurement)"
-    )
-    print(f"verdict: {run.verdict.text}")
-    if run.earlier:
-        print(f"earlier search of these settings: {run.earlier.file}")
-        for name, earlier in run.earlier.contenders.items():
-            print(f"  {name:20} max {earlier['max_completion_tokens']} in {earlier['probes']} probes")
-    for target in run.targets:
-        print(target.line())
-
-
-def _x(value: float | None) -> str:
-    return f"{value:.2f}x" if value else "-"

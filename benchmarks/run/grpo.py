@@ -20,10 +20,19 @@ from pathlib import Path
 
 from benchmarks.catalog.profiles import Levers, Profile, configurations, load_shapes
 from benchmarks.catalog.shapes import Shape
+from benchmarks.catalog.targets import (
+    DISTRIBUTED_PART_S,
+    GRPO_PART_S,
+    HARNESS_OVERHEAD,
+    PEAK_REPEAT_SPREAD,
+    ZERO3_STATES_WITHIN,
+    part_limit_s,
+)
 from benchmarks.model.estimate import GIB, rank_model_states
 from benchmarks.results import schema
 from benchmarks.run import cluster, machine
 from benchmarks.run.configuration import run_configuration
+from benchmarks.run.job import Job
 from benchmarks.run.machines import run_machines, slurm_record, submit_to_slurm
 from benchmarks.run.models import materialise
 
@@ -57,16 +66,16 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (),
     started = time.monotonic()
     resolved = {number: resolved_levers(levers, bench.prompt_words) for number, (_, levers) in enumerate(todo, 1)}
     jobs = {
-        number: {
-            "levers": asdict(levers),
-            "model_dir": str(model_dir),
-            "dtype": bench.dtype,
-            "warmup_steps": bench.warmup_steps,
-            "measured_steps": bench.measured_steps,
-            "prompt_words": bench.prompt_words,
-            "weights": bench.weights,
-            "memory_budget_bytes": budget,  # CUDA: each rank caps torch's allocator at it
-        }
+        number: Job(
+            levers=levers,
+            model_dir=str(model_dir),
+            dtype=bench.dtype,
+            warmup_steps=bench.warmup_steps,
+            measured_steps=bench.measured_steps,
+            prompt_words=bench.prompt_words,
+            weights=bench.weights,
+            memory_budget_bytes=budget,
+        )
         for number, levers in resolved.items()
     }
     gpus, timeout_s = profile.hardware != "cpu", bench.configuration_timeout_s
@@ -113,17 +122,22 @@ def targets(records: list[schema.Configuration], wall_s: float, quick: bool) -> 
     """This part's targets, as measured in this run (not asserted anywhere)."""
     summaries = [r.summary for r in records if r.status == "ok" and r.summary]
     spread = max((s.peak_repeat_spread for s in summaries if s.measured_steps > 1), default=None)
-    limit_s = 120 if quick else 900
+    limit_s = part_limit_s(GRPO_PART_S, quick)
     return [
         schema.Target.at_most(
             f"the {'--quick ' if quick else ''}GRPO part finishes within {limit_s // 60} minutes", wall_s, limit_s
         ),
         schema.Target.at_most(
-            "harness overhead (the parent's memory sampler, CPU time over wall time) at most 2% of step time",
+            "harness overhead (the parent's memory sampler, CPU time over wall time) at most "
+            f"{HARNESS_OVERHEAD:.0%} of step time",
             harness_overhead(records),
-            0.02,
+            HARNESS_OVERHEAD,
         ),
-        schema.Target.at_most("peak memory of repeated measured steps within 2% of each other", spread, 0.02),
+        schema.Target.at_most(
+            f"peak memory of repeated measured steps within {PEAK_REPEAT_SPREAD:.0%} of each other",
+            spread,
+            PEAK_REPEAT_SPREAD,
+        ),
     ]
 
 
@@ -145,18 +159,19 @@ def distributed_targets(
             for rank in record.ranks:
                 if rank.summary and rank.summary.model_states:
                     errors.append(abs(rank.summary.model_states.total / predicted - 1))
-    limit_s = 120 if quick else 300
+    limit_s = part_limit_s(DISTRIBUTED_PART_S, quick)
     return [
         schema.Target.at_most(
-            "per-rank model-state memory at 2 ranks with ZeRO-3 within 10% of what the analytic model "
-            "predicts for that rank (largest relative error over the ranks)",
+            f"per-rank model-state memory at 2 ranks with ZeRO-3 within {ZERO3_STATES_WITHIN:.0%} of what the "
+            "analytic model predicts for that rank (largest relative error over the ranks)",
             max(errors, default=None),
-            0.10,
+            ZERO3_STATES_WITHIN,
         ),
         schema.Target.at_most(
-            "the harness's overhead per rank (the parent's sampler CPU time over wall time) at most 2% of step time",
+            "the harness's overhead per rank (the parent's sampler CPU time over wall time) at most "
+            f"{HARNESS_OVERHEAD:.0%} of step time",
             harness_overhead(records),
-            0.02,
+            HARNESS_OVERHEAD,
         ),
         schema.Target.at_most(
             f"the {'--quick ' if quick else ''}distributed part finishes within {limit_s // 60} minutes",
@@ -174,32 +189,3 @@ def _one_line(record: schema.Configuration) -> str:
         f"ok: {summary.step_s_median:.2f} s/step, {summary.completion_tokens_per_s_median:.1f} tok/s, "
         f"peak {summary.peak_bytes / GIB:.2f} GiB ({summary.peak_measure})"
     )
-
-
-def print_summary(path: Path) -> None:
-    run = schema.read_result(path, str(path)).record
-    for target in run.targets:
-        print(target.line())
-    if not run.complete:
-        print(f"INCOMPLETE: {run.ended_early or 'the run ended before its last configuration'}")
-    phases = ("rollout", "logprob", "forward_backward", "optimizer")
-    measures = {r.summary.peak_measure for r in run.configurations if r.summary}
-    header = f"peak GiB by phase ({'; '.join(sorted(measures)) or 'none measured'}): " + " / ".join(phases)
-    print(f"\n{'configuration':80} {'status':8} {'s/step':>7} {'tok/s':>7}  {header}")
-    for record in run.configurations:
-        summary = record.summary
-        if record.status != "ok" or summary is None:
-            print(f"{record.name:80} {record.status:8} {record.reason or record.phase or ''}")
-            continue
-        by_phase = " / ".join(f"{summary.peak_bytes_by_phase.get(p, 0) / GIB:5.2f}" for p in phases)
-        speed = f"{summary.step_s_median:7.2f} {summary.completion_tokens_per_s_median:7.1f}"
-        print(f"{record.name:80} {'ok':8} {speed}  {by_phase}")
-        for rank in record.ranks:
-            states = rank.summary.model_states if rank.summary else None
-            if states is not None:
-                parts = ", ".join(
-                    f"{name} {getattr(states, name) / GIB:.3f}"
-                    for name in ("parameters", "master", "optimizer", "gradients")
-                )
-                peak = rank.summary.peak_bytes / GIB
-                print(f"    rank {rank.rank}: model states {states.total / GIB:.3f} GiB ({parts}); peak {peak:.2f} GiB")

@@ -18,6 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from benchmarks.catalog.levers import Levers
+
 # accelerate's own names for what each lever value asks of it, and the TRL config it starts from.
 TRL_CONFIGS = {
     "ddp": "multi_gpu.yaml",
@@ -37,9 +39,9 @@ class Place:
     main_process_port: int
 
 
-def cpu_skip_reason(levers: dict) -> str | None:
+def cpu_skip_reason(levers: Levers) -> str | None:
     """Why this distributed type cannot really run on a machine with no GPU, or None."""
-    if levers["distributed_type"] == "fsdp2" and levers["num_processes"] * levers["num_machines"] > 1:
+    if levers.distributed_type == "fsdp2" and levers.num_processes * levers.num_machines > 1:
         return (
             "FSDP2 through accelerate on a CPU runs as plain DDP or as independent one-rank runs, exiting 0 "
             "(seen with accelerate 1.15 and TRL 1.16); accelerate's FSDP path needs GPUs"
@@ -47,20 +49,20 @@ def cpu_skip_reason(levers: dict) -> str | None:
     return None
 
 
-def deepspeed_config(levers: dict) -> dict[str, Any]:
+def deepspeed_config(levers: Levers) -> dict[str, Any]:
     """DeepSpeed's config for a ZeRO lever: the stage and offload devices from the levers, everything
     else "auto" for transformers to fill from the trainer's arguments, as TRL's configs leave it."""
-    stage = int(levers["distributed_type"][-1])
+    stage = int(levers.distributed_type[-1])
     zero: dict[str, Any] = {
         "stage": stage,
-        "offload_optimizer": {"device": levers["offload_optimizer_device"]},
+        "offload_optimizer": {"device": levers.offload_optimizer_device},
         "overlap_comm": False,
         "contiguous_gradients": True,
         "reduce_bucket_size": "auto",
     }
     if stage == 3:
         zero |= {
-            "offload_param": {"device": levers["offload_param_device"]},
+            "offload_param": {"device": levers.offload_param_device},
             "stage3_prefetch_bucket_size": "auto",
             # DeepSpeed's "auto" keeps parameters under 10 x hidden elements whole on every rank (norms,
             # biases): 0 partitions every one, so that a rank holds 1/N of the model, as ZeRO-3 says.
@@ -90,23 +92,23 @@ def deepspeed_config(levers: dict) -> dict[str, Any]:
 
 
 def accelerate_config(
-    levers: dict, dtype: str, cuda: bool, place: Place, deepspeed_file: Path | None
+    levers: Levers, dtype: str, cuda: bool, place: Place, deepspeed_file: Path | None
 ) -> dict[str, Any]:
     """TRL's shipped accelerate config for the lever's distributed type with the levers over it."""
     import yaml  # accelerate's and transformers' dependency: only a launch with many ranks reads it
 
-    kind = levers["distributed_type"]
+    kind = levers.distributed_type
     config = yaml.safe_load((resources.files("trl") / "accelerate_configs" / TRL_CONFIGS[kind]).read_text())
     config |= {
-        "num_processes": levers["num_processes"] * levers["num_machines"],  # accelerate counts every machine's
-        "num_machines": levers["num_machines"],
+        "num_processes": levers.num_processes * levers.num_machines,  # accelerate counts every machine's
+        "num_machines": levers.num_machines,
         "machine_rank": place.machine_rank,
         "main_process_ip": place.main_process_ip,
         "main_process_port": place.main_process_port,
         "use_cpu": not cuda,
         "mixed_precision": "bf16" if dtype == "bfloat16" and cuda else "no",
     }
-    if levers["num_machines"] > 1:
+    if levers.num_machines > 1:
         config |= {"rdzv_backend": "c10d", "same_network": True}
     if kind.startswith("zero"):  # precision then comes from DeepSpeed's file ("auto": the trainer's bf16/fp16)
         del config["mixed_precision"]
@@ -119,15 +121,15 @@ def accelerate_config(
 
 
 def command(
-    levers: dict, dtype: str, cuda: bool, place: Place, job_path: Path, python: str = sys.executable
+    levers: Levers, dtype: str, cuda: bool, place: Place, job_path: Path, python: str = sys.executable
 ) -> tuple[list[str], dict[str, Any] | None]:
     """The command line that starts every rank of this machine, and the accelerate config it uses
     (None: one process, no launcher). Configs are written beside ``job_path``."""
     worker = ["-m", "benchmarks.run.worker", str(job_path)]
-    if levers["distributed_type"] == "no":
+    if levers.distributed_type == "no":
         return [python, *worker], None
     deepspeed_file = None
-    if levers["distributed_type"].startswith("zero"):
+    if levers.distributed_type.startswith("zero"):
         deepspeed_file = job_path.with_name("deepspeed.json")
         deepspeed_file.write_text(json.dumps(deepspeed_config(levers), indent=1))
     config = accelerate_config(levers, dtype, cuda, place, deepspeed_file)

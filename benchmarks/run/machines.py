@@ -21,48 +21,46 @@ from benchmarks.run.configuration import (
     die_with_parent,
     merged_steps,
     run_configuration,
-    server_mode,
     skipped,
     summarise,
-    with_every_lever,
 )
+from benchmarks.run.job import Job
 from benchmarks.run.worker import SERVER_NEEDS_CUDA, server_command
 
 
 def run_machines(
-    job: dict, budget_bytes: int | None, log_path: Path, timeout_s: float, gpus: bool
+    job: Job, budget_bytes: int | None, log_path: Path, timeout_s: float, gpus: bool
 ) -> schema.WorkerRecord:
     """A configuration over ``num_machines`` machines: one launcher per machine through submitit, as one
     job (``cluster.run_tasks``), rendezvous on the first machine; in server mode one more machine runs
     ``trl vllm-serve`` alone, as TRL's multi-node recipe does. The trainer machines' records merged."""
-    job = with_every_lever(job)
-    if server_mode(job["levers"]) and not gpus:
+    if job.server_mode and not gpus:
         return skipped(SERVER_NEEDS_CUDA)
     task, machines, per_machine, where = machines_job(job, budget_bytes, log_path, timeout_s, gpus)
     return merge_machines([r for r in cluster.run_tasks(task, machines, per_machine, timeout_s, where) if r])
 
 
 def machines_job(
-    job: dict, budget_bytes: int | None, log_path: Path, timeout_s: float, gpus: bool
+    job: Job, budget_bytes: int | None, log_path: Path, timeout_s: float, gpus: bool
 ) -> tuple[Callable[[], Any], int, int, Path]:
     """What submitit runs for one configuration: the task every machine runs, how many machines (the
     vLLM server's one included), the GPUs each asks for (a GPU per rank, or per server GPU), and the
     folder its machines share."""
-    levers = job["levers"]
-    server = levers["vllm_server_tensor_parallel_size"] * levers["vllm_server_data_parallel_size"]
+    levers = job.levers
+    server = levers.vllm_server_tensor_parallel_size * levers.vllm_server_data_parallel_size
     where = cluster.folder(log_path.with_suffix(".submitit"))
     where.mkdir(parents=True, exist_ok=True)  # the machines' logs go here, whichever job array runs them
     log = where / log_path.name
     task = functools.partial(machine_task, job, budget_bytes, str(log), timeout_s, free_port())
-    machines = levers["num_machines"] + (1 if server_mode(levers) else 0)
-    per_machine = max(levers["num_processes"], server if server_mode(levers) else 0) if gpus else 0
+    machines = levers.num_machines + (1 if job.server_mode else 0)
+    per_machine = max(levers.num_processes, server if job.server_mode else 0) if gpus else 0
     return task, machines, per_machine, where
 
 
 def submit_to_slurm(
-    jobs: dict[int, dict], budget_bytes: int | None, logs: Path, timeout_s: float, gpus: bool
+    jobs: dict[int, Job], budget_bytes: int | None, logs: Path, timeout_s: float, gpus: bool
 ) -> dict[int, Any]:
-    """Every configuration (number -> job, every lever given, as ``run_grpo`` makes them) as a Slurm job,
+    """Every configuration (number -> job, as ``run_grpo`` makes them) as a Slurm job,
     those needing the same machines and GPUs as one job array; their submitit jobs by number."""
     groups: dict[tuple[int, int], list[tuple[int, Callable[[], Any], Path]]] = {}
     for number, job in jobs.items():
@@ -85,16 +83,16 @@ def slurm_record(job: Any) -> schema.WorkerRecord:
 
 
 def machine_task(
-    job: dict, budget_bytes: int | None, log_path: str, timeout_s: float, port: int
+    job: Job, budget_bytes: int | None, log_path: str, timeout_s: float, port: int
 ) -> schema.WorkerRecord | None:
     """One machine's part of a configuration, run by submitit on that machine: its ranks' launcher,
     or, on the machine after the trainers' in server mode, the vLLM server until the trainers are done."""
     machine_rank, hosts = cluster.place_here()
-    levers = job["levers"]
+    levers = job.levers
     done = Path(f"{log_path}.trainers-done")  # submitit's folder is shared by the job's machines
-    if server_mode(levers):
-        job = {**job, "server_host": hosts[levers["num_machines"]], "server_port": port + 1}
-        if machine_rank == levers["num_machines"]:
+    if job.server_mode:
+        job = replace(job, server_host=hosts[levers.num_machines], server_port=port + 1)
+        if machine_rank == levers.num_machines:
             serve_until(job, done, Path(f"{log_path}.server"), timeout_s)
             return None
     place = launch.Place(machine_rank=machine_rank, main_process_ip=hosts[0], main_process_port=port)
@@ -106,7 +104,7 @@ def machine_task(
     return record
 
 
-def serve_until(job: dict, done: Path, log_path: Path, timeout_s: float) -> None:
+def serve_until(job: Job, done: Path, log_path: Path, timeout_s: float) -> None:
     """``trl vllm-serve`` on every GPU of this machine until ``done`` appears (or the time limit)."""
     with open(log_path, "w") as log:
         server = subprocess.Popen(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.catalog.profiles import GRPO_PARTS, Profile, configurations
+from benchmarks.catalog.targets import ESTIMATE_WITHIN
 from benchmarks.results import schema
 from benchmarks.run.probe import ceiling, probe
 
@@ -33,7 +34,6 @@ FOLLOWS = {
     "grpo": ("torch_s", "python_s"),  # steps, and each worker's imports and model load
     "distributed": ("torch_s", "python_s"),
 }
-ESTIMATE_WITHIN = 0.25  # the whole-run estimate's target: within 25% of the real time
 
 
 def _python_work() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.catalog.levers import Levers
 from benchmarks.run.phases import RANK
 
 
@@ -61,15 +62,15 @@ class FellBack(RuntimeError):
     """The launch ran less than the levers asked for (fewer ranks, another distributed type, no partitioning)."""
 
 
-def distribution(trainer: Any, levers: dict, cuda: bool) -> dict[str, Any]:
+def distribution(trainer: Any, levers: Levers, cuda: bool) -> dict[str, Any]:
     """What really runs on this rank, checked against the levers; FellBack names any mismatch."""
     import torch.distributed as dist
 
     state = trainer.accelerator.state
     world = dist.get_world_size() if dist.is_initialized() else 1
     kind = state.distributed_type.name
-    expected_world = levers["num_processes"] * levers["num_machines"]
-    expected_kind = EXPECTED_TYPE.get(levers["distributed_type"]) or ("MULTI_GPU" if cuda else "MULTI_CPU")
+    expected_world = levers.num_processes * levers.num_machines
+    expected_kind = EXPECTED_TYPE.get(levers.distributed_type) or ("MULTI_GPU" if cuda else "MULTI_CPU")
     plugin = getattr(state, "deepspeed_plugin", None)
     stage = plugin.zero_stage if plugin is not None else None
     fsdp = getattr(state, "fsdp_plugin", None)
@@ -90,13 +91,13 @@ def distribution(trainer: Any, levers: dict, cuda: bool) -> dict[str, Any]:
             f"{expected_world} ranks asked for, but torch.distributed has {world} and accelerate {state.num_processes}"
         )
     if kind != expected_kind:
-        problems.append(f"distributed_type {levers['distributed_type']!r} asked for, but accelerate runs {kind}")
-    wanted_stage = int(levers["distributed_type"][-1]) if levers["distributed_type"].startswith("zero") else None
+        problems.append(f"distributed_type {levers.distributed_type!r} asked for, but accelerate runs {kind}")
+    wanted_stage = int(levers.distributed_type[-1]) if levers.distributed_type.startswith("zero") else None
     if wanted_stage is not None and stage != wanted_stage:
         problems.append(f"ZeRO stage {wanted_stage} asked for, but DeepSpeed runs stage {stage}")
-    if levers["distributed_type"] in ("zero3", "fsdp2") and expected_world > 1 and held > 1.5 / expected_world:
+    if levers.distributed_type in ("zero3", "fsdp2") and expected_world > 1 and held > 1.5 / expected_world:
         problems.append(
-            f"{levers['distributed_type']} partitions the parameters over {expected_world} ranks, "
+            f"{levers.distributed_type} partitions the parameters over {expected_world} ranks, "
             f"but this rank holds {held:.0%} of them"
         )
     if problems:

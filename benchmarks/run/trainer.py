@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from benchmarks.catalog.profiles import GRPO_CONFIG, Levers
+from benchmarks.catalog.profiles import GRPO_CONFIG
 from benchmarks.rewardbench.reward_inputs import ADD_TESTS, ANSWER_SCHEMA, GOLD
+from benchmarks.run.job import Job
 from benchmarks.run.models import build_on_device, word
 from benchmarks.run.phases import LOCAL_RANK, Phases, report
 from benchmarks.run.rank_states import distribution, full_numel, model_states, optimizer_state_bytes, tensor_bytes
@@ -43,29 +44,29 @@ def step_rewards(reward: str, rows: int) -> tuple[list, dict[str, list]]:
     raise ValueError(f"reward {reward!r}: no such step reward")
 
 
-def load_policy(job: dict, cuda: bool) -> tuple[Any, Any]:
+def load_policy(job: Job, cuda: bool) -> tuple[Any, Any]:
     """The policy and, for stacks where TRL wraps it, a PEFT config (else None)."""
     import torch
 
-    levers, model_dir = job["levers"], job["model_dir"]
-    dtype = getattr(torch, job["dtype"])
-    if job.get("stack", "trl") == "unsloth":
+    levers, model_dir = job.levers, job.model_dir
+    dtype = getattr(torch, job.dtype)
+    if job.stack == "unsloth":
         from unsloth import FastLanguageModel
 
-        gc = levers["gradient_checkpointing"]
+        gc = levers.gradient_checkpointing
         model, _ = FastLanguageModel.from_pretrained(  # its tokenizer is AutoTokenizer's: not the suite's (see below)
             model_dir,
-            max_seq_length=job["prompt_words"] + levers["max_completion_length"] + 8,
+            max_seq_length=job.prompt_words + levers.max_completion_length + 8,
             dtype=dtype,
-            load_in_4bit=levers["model"] == "qlora",
-            full_finetuning=levers["model"] == "full",
+            load_in_4bit=levers.model == "qlora",
+            full_finetuning=levers.model == "full",
             use_gradient_checkpointing="unsloth" if gc else False,
         )
-        if levers["model"] in ("lora", "qlora"):
+        if levers.model in ("lora", "qlora"):
             model = FastLanguageModel.get_peft_model(
                 model,
-                r=levers["lora_r"],
-                lora_alpha=2 * levers["lora_r"],
+                r=levers.lora_r,
+                lora_alpha=2 * levers.lora_r,
                 use_gradient_checkpointing="unsloth" if gc else False,
             )
         return model, None
@@ -73,41 +74,41 @@ def load_policy(job: dict, cuda: bool) -> tuple[Any, Any]:
 
     load: dict[str, Any] = {"dtype": dtype}
     peft_config = None
-    if levers["model"] in ("lora", "qlora"):
+    if levers.model in ("lora", "qlora"):
         from peft import LoraConfig
 
-        peft_config = LoraConfig(r=levers["lora_r"], lora_alpha=2 * levers["lora_r"], target_modules="all-linear")
-    if levers["model"] == "qlora":
+        peft_config = LoraConfig(r=levers.lora_r, lora_alpha=2 * levers.lora_r, target_modules="all-linear")
+    if levers.model == "qlora":
         from transformers import BitsAndBytesConfig
 
         load["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
         )
-    if job.get("weights") == "on-device":  # no weights on disk: random ones made on the device
+    if job.weights == "on-device":  # no weights on disk: random ones made on the device
         device = torch.device("cuda", LOCAL_RANK) if cuda else torch.device("cpu")
-        return build_on_device(model_dir, dtype, device, four_bit=levers["model"] == "qlora"), peft_config
-    if cuda and levers["distributed_type"] not in ("zero3", "fsdp2"):  # those place (and shard) it themselves
+        return build_on_device(model_dir, dtype, device, four_bit=levers.model == "qlora"), peft_config
+    if cuda and levers.distributed_type not in ("zero3", "fsdp2"):  # those place (and shard) it themselves
         load["device_map"] = {"": LOCAL_RANK}
     return AutoModelForCausalLM.from_pretrained(model_dir, **load), peft_config
 
 
-def trainer_config(job: dict, cuda: bool, output_dir: str, server_port: int | None) -> Any:
+def trainer_config(job: Job, cuda: bool, output_dir: str, server_port: int | None) -> Any:
     """TRL's GRPOConfig: every GRPOConfig lever as declared (``Levers.of_kind``), then the harness's own
     settings (fixed-length completions, precision, no logging or saving) and a stack's ``extra_config``."""
     from trl import GRPOConfig
 
-    levers = job["levers"]
-    length = levers["max_completion_length"]
-    fixed_length = {"min_tokens": length, "ignore_eos": True} if levers["use_vllm"] else {"min_new_tokens": length}
-    server = {"vllm_server_host": job["server_host"], "vllm_server_port": server_port} if server_port else {}
+    levers = job.levers
+    length = levers.max_completion_length
+    fixed_length = {"min_tokens": length, "ignore_eos": True} if levers.use_vllm else {"min_new_tokens": length}
+    server = {"vllm_server_host": job.server_host, "vllm_server_port": server_port} if server_port else {}
     return GRPOConfig(
         output_dir=output_dir,
-        max_steps=job["warmup_steps"] + job["measured_steps"],
-        **Levers.recorded(levers).of_kind(GRPO_CONFIG),
+        max_steps=job.warmup_steps + job.measured_steps,
+        **levers.of_kind(GRPO_CONFIG),
         **server,
         generation_kwargs=fixed_length,
-        bf16=job["dtype"] == "bfloat16" and cuda,
-        fp16=job["dtype"] == "float16",
+        bf16=job.dtype == "bfloat16" and cuda,
+        fp16=job.dtype == "float16",
         use_cpu=not cuda,
         report_to="none",
         logging_steps=1,
@@ -115,34 +116,34 @@ def trainer_config(job: dict, cuda: bool, output_dir: str, server_port: int | No
         disable_tqdm=True,
         seed=0,
         dataloader_num_workers=0,
-        **job.get("extra_config", {}),
+        **job.extra_config,
     )
 
 
-def prompts_and_rewards(job: dict) -> tuple[Any, list]:
+def prompts_and_rewards(job: Job) -> tuple[Any, list]:
     """The data set (one fixed prompt, as many rows as every rank's steps need, with the columns the reward
     reads) and the reward functions the ``reward`` lever names."""
     from datasets import Dataset
 
-    levers = job["levers"]
-    per_step = levers["per_device_train_batch_size"] * levers["gradient_accumulation_steps"]  # completions a rank
-    ranks = levers["num_processes"] * levers["num_machines"]
-    prompts_needed = per_step * ranks * (job["warmup_steps"] + job["measured_steps"])  # more than enough
-    prompt = " ".join(word(3 + i % 97) for i in range(job["prompt_words"]))
-    reward_funcs, columns = step_rewards(levers["reward"], prompts_needed)
+    levers = job.levers
+    per_step = levers.per_device_train_batch_size * levers.gradient_accumulation_steps  # completions a rank
+    ranks = levers.num_processes * levers.num_machines
+    prompts_needed = per_step * ranks * (job.warmup_steps + job.measured_steps)  # more than enough
+    prompt = " ".join(word(3 + i % 97) for i in range(job.prompt_words))
+    reward_funcs, columns = step_rewards(levers.reward, prompts_needed)
     return Dataset.from_dict({"prompt": [prompt] * prompts_needed, **columns}), reward_funcs
 
 
-def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server_port: int | None) -> Any:
+def build_trainer(job: Job, phases: Phases, cuda: bool, output_dir: str, server_port: int | None) -> Any:
     """TRL's GRPOTrainer over the job's policy, data set, rewards and config, its phases marked and each
     step reported to the parent."""
     from transformers import PreTrainedTokenizerFast
 
-    levers, model_dir = job["levers"], job["model_dir"]
+    levers, model_dir = job.levers, job.model_dir
     # Not AutoTokenizer: transformers maps model_type qwen2 to Qwen2Tokenizer whatever the
     # directory's tokenizer files say, and that one does not read the suite's word-level vocabulary.
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
-    if levers["use_vllm"] and not cuda:
+    if levers.use_vllm and not cuda:
         keep_vllm_cpu_weights_plain()
     dataset, reward_funcs = prompts_and_rewards(job)
     config = trainer_config(job, cuda, output_dir, server_port)
@@ -160,7 +161,7 @@ def build_trainer(job: dict, phases: Phases, cuda: bool, output_dir: str, server
         callbacks=[recorder],
     )
     recorder.trainer = trainer
-    if levers["use_vllm"] and levers["vllm_enable_sleep_mode"]:
+    if levers.use_vllm and levers.vllm_enable_sleep_mode:
         mark_sleep_wake(trainer.vllm_generation.llm, phases)
     return trainer
 
@@ -207,12 +208,12 @@ def mark_sleep_wake(llm: Any, phases: Phases) -> None:
         setattr(llm, name, marked)
 
 
-def step_recorder(job: dict, phases: Phases, cuda: bool) -> Any:
+def step_recorder(job: Job, phases: Phases, cuda: bool) -> Any:
     """A trainer callback that reports the ranks as accelerate prepared them, then every step: its wall and
     phase times, tokens, and the bytes of its model states (``trainer`` set once the trainer exists)."""
     from transformers import TrainerCallback
 
-    channel, levers = phases.channel, job["levers"]
+    channel, levers = phases.channel, job.levers
 
     class StepRecorder(TrainerCallback):
         trainer: Any = None
@@ -242,7 +243,7 @@ def step_recorder(job: dict, phases: Phases, cuda: bool) -> Any:
             report(
                 channel,
                 step=index,
-                warmup=index < job["warmup_steps"],
+                warmup=index < job.warmup_steps,
                 phase_s=seconds,
                 cuda_peak_bytes=cuda_peaks,
                 **step,
@@ -251,12 +252,10 @@ def step_recorder(job: dict, phases: Phases, cuda: bool) -> Any:
     return StepRecorder()
 
 
-def step_event(trainer: Any, job: dict, wall: float, grad_bytes: int) -> dict[str, Any]:
+def step_event(trainer: Any, job: Job, wall: float, grad_bytes: int) -> dict[str, Any]:
     """What a step report holds beside its index and phases: time, tokens and the model states' bytes."""
-    levers = job["levers"]
-    tokens = (
-        levers["per_device_train_batch_size"] * levers["gradient_accumulation_steps"] * levers["max_completion_length"]
-    )
+    levers = job.levers
+    tokens = levers.per_device_train_batch_size * levers.gradient_accumulation_steps * levers.max_completion_length
     return {
         "event": "step",
         "wall_s": wall,

