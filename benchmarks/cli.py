@@ -1,7 +1,7 @@
 """``python -m benchmarks bench``: run a profile's parts and write one result file per part.
 
     python -m benchmarks bench [--profile NAME] [--hardware CLASS] [--quick] [--only PATTERN] [--out DIR]
-    python -m benchmarks report FILE...   # a decode result's table and figure, made again
+    python -m benchmarks decode-report FILE...   # a decode result's table and figure, made again
     python -m benchmarks estimate --shape 32b --hardware h200 [--levers optim=adamw_8bit,model=lora] [...]
     python -m benchmarks tables [--results DIR] [--out DIR] [--doc FILE ...]
     python -m benchmarks compare [A B ...] [--results DIR] [--out DIR]
@@ -210,7 +210,7 @@ def command_line() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     commands = parser.add_subparsers(dest="command", required=True)
     _bench_options(commands)
-    remake = commands.add_parser("report", help="(re)make the table and figure of decode result files")
+    remake = commands.add_parser("decode-report", help="(re)make the table and figure of decode result files")
     remake.add_argument("files", nargs="+", type=Path, metavar="FILE")
     _context_options(commands)
     _estimate_options(commands)
@@ -313,7 +313,7 @@ def dispatch(argv: list[str] | None = None) -> int:
         return run_site(args)
     if args.command == "context":
         return run_context_command(parser, args)
-    if args.command == "report":
+    if args.command == "decode-report":
         failed = 0
         for path in args.files:
             try:
@@ -341,7 +341,8 @@ def run_part(
             for made in figures.write_decode_report(path):
                 print(f"made {shown(made)}")
         except ImportError as error:
-            print(f"no decode table or figure here ({error}): `python -m benchmarks report {shown(path)}` makes them")
+            remake = f"python -m benchmarks decode-report {shown(path)}"
+            print(f"no decode table or figure here ({error}): `{remake}` makes them")
     else:
         path = grpo.run_grpo(profile, quick, out, configuration_filter, part)
         summaries.grpo(path)

@@ -71,7 +71,7 @@ class Sizer:
         return self.hardware.memory_gib * estimate.GIB
 
     def predict(self, levers: profiles.Levers) -> estimate.Estimate:
-        work = estimate.Workload.of(levers, self.prompt_tokens)
+        work = estimate.Workload.from_levers(levers, self.prompt_tokens)
         return estimate.estimate(self.shape, self.dtype, levers, work, self.hardware, self.logits, malloc_fixed=True)
 
     def fits(self, levers: profiles.Levers) -> bool:
@@ -140,7 +140,7 @@ def print_memory(sizer: Sizer, levers: profiles.Levers, est: estimate.Estimate, 
         + (f"; the smallest GPU count of {estimate.GPU_COUNTS} that fits" if min_gpus else "")
     )
     if est.engine_cannot_start:
-        work = estimate.Workload.of(levers, sizer.prompt_tokens)
+        work = estimate.Workload.from_levers(levers, sizer.prompt_tokens)
         share = estimate.engine_need(sizer.shape, sizer.dtype, levers, work).total / sizer.capacity
         hold = f"; vllm_gpu_memory_utilization >= {share:.2f} would hold it" if share <= 1 else ""
         print(f"{est.engine_cannot_start}{hold}")
@@ -170,7 +170,7 @@ def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> timing.R
     the reward's seconds a completion from the newest rewards part."""
     results = schema.load_results(RESULTS)
     reward_s = time_validation.reward_seconds(results, levers.reward, None)
-    if hardware.size_class != "cpu":
+    if hardware.gpu_class != "cpu":
         return timing.assumed_rates(hardware, reward_s=reward_s)
     print("\ncalibrating this machine for the time model ...", flush=True)
     calibration = pace.calibrate()
@@ -187,7 +187,7 @@ def print_step_time(
     except ValueError as error:
         print(f"\nno time estimate: {error}")
         return
-    work = estimate.Workload.of(levers, args.prompt_tokens)
+    work = estimate.Workload.from_levers(levers, args.prompt_tokens)
     predicted = timing.step_time(shape, args.dtype, levers, work, rates)
     print(f"\ntime per step, per GPU (predicted; {rates.source}):")
     for phase, seconds in predicted.phases.items():
@@ -199,4 +199,4 @@ def print_step_time(
     if args.price_per_gpu_hour is not None:
         line += f" on {gpus} GPU(s): {hours * args.price_per_gpu_hour:,.2f} at {args.price_per_gpu_hour:g} a GPU-hour"
     print(line)
-    print(time_validation.error_line(hardware.size_class))
+    print(time_validation.error_line(hardware.gpu_class))

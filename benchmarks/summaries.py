@@ -11,8 +11,8 @@ from benchmarks.catalog.targets import MEMORY_WITHIN
 from benchmarks.model.estimate import GIB
 from benchmarks.report import figures, tables, validation
 from benchmarks.results import schema
+from benchmarks.run.bandwidth_probe import ARRAYS_TOUCHED
 from benchmarks.run.context_verdict import RATIO_KINDS
-from benchmarks.run.probe import ARRAYS_TOUCHED
 
 
 def rewards(path: Path) -> None:

@@ -4,7 +4,7 @@ import pytest
 
 from benchmarks.catalog.profiles import load_shapes
 from benchmarks.model.bandwidth import decode_step_bytes, experts_read, kv_bytes_per_token, rollout_seconds
-from benchmarks.run.probe import ceiling, probe
+from benchmarks.run.bandwidth_probe import ceiling, probe
 
 
 def test_the_probe_reports_median_and_spread_per_kernel_with_bytes_counted():
@@ -67,7 +67,7 @@ def test_weight_bound_decode_never_beats_the_measured_ceiling(capsys):
 
     pytest.importorskip("transformers")
     from benchmarks.run import decode
-    from benchmarks.run.models import materialise
+    from benchmarks.run.model_dirs import materialise
 
     shape = load_shapes()["0.5b"]  # 1.98 GB of fp32 weights: far past this machine's 300 MiB L3
     job = {

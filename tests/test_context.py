@@ -153,7 +153,7 @@ def test_on_the_committed_searches_the_guided_search_finds_the_same_maxima(file,
         levers = context.contender_levers(contender.name, settings)
 
         def modelled(length, levers=levers, path=contender.logits_path):
-            work = Workload.of(levers, settings.prompt_words, length)
+            work = Workload.from_levers(levers, settings.prompt_words, length)
             return estimate(shape, settings.dtype, levers, work, hardware, path).peak
 
         budget = int(settings.budget_gib * GIB)
@@ -234,7 +234,7 @@ def test_the_command_names_bad_options(argv, message, capsys):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     pytest.importorskip("trl")
-    from benchmarks.run.models import materialise
+    from benchmarks.run.model_dirs import materialise
 
     return materialise(load_shapes()["tiny"], "float32", root=tmp_path_factory.mktemp("models"))
 

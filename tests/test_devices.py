@@ -388,7 +388,7 @@ def test_a_fork_of_a_worker_counts_only_its_own_pages_not_its_parent_s_again(tmp
 NEW_CLASS = """
 ["rtx-pro-6000"]
 name = "NVIDIA RTX PRO 6000 Blackwell"
-size_class = "rtx-pro"
+gpu_class = "rtx-pro"
 memory_gib = 94.97
 memory_source = "a class made up for this test"
 spec_bandwidth_gb_s = 1792.0

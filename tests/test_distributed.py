@@ -10,7 +10,7 @@ from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
 from benchmarks.model.estimate import rank_model_states  # noqa: E402
 from benchmarks.run import configuration, launch, machines  # noqa: E402
 from benchmarks.run.job import Job  # noqa: E402
-from benchmarks.run.models import materialise  # noqa: E402
+from benchmarks.run.model_dirs import materialise  # noqa: E402
 
 TINY = load_shapes()["tiny"]
 
@@ -90,7 +90,7 @@ def test_two_machines_over_loopback_through_submitit_s_local_executor_make_one_r
 
 def test_the_accelerate_config_starts_from_trl_s_and_carries_the_levers(tmp_path):
     levers = Levers(num_processes=4, num_machines=2, distributed_type="zero3", offload_optimizer_device="cpu")
-    place = launch.Place(machine_rank=1, main_process_ip="10.0.0.1", main_process_port=29500)
+    place = launch.Rendezvous(machine_rank=1, main_process_ip="10.0.0.1", main_process_port=29500)
     argv, config = launch.command(levers, "bfloat16", True, place, tmp_path / "job.json", python="python")
     assert argv[:3] == ["python", "-m", "accelerate.commands.launch"] and argv[-3:] == [
         "-m",

@@ -130,8 +130,8 @@ def test_gradient_accumulation_grows_the_rollout_not_the_micro_batch():
     shape, h100 = load_shapes()["7b"], load_hardware()["h100"]
     one = Levers(num_generations=8, per_device_train_batch_size=8, max_completion_length=512)
     four = dataclasses.replace(one, gradient_accumulation_steps=4)
-    assert Workload.of(four, 256).rollout_sequences == 32 and Workload.of(four, 256).completions == 8
-    single, accumulated = (estimate(shape, "bfloat16", lv, Workload.of(lv, 256), h100) for lv in (one, four))
+    assert Workload.from_levers(four, 256).rollout_sequences == 32 and Workload.from_levers(four, 256).completions == 8
+    single, accumulated = (estimate(shape, "bfloat16", lv, Workload.from_levers(lv, 256), h100) for lv in (one, four))
     assert accumulated.phases["rollout"]["kv_cache"] == 4 * single.phases["rollout"]["kv_cache"]
     assert accumulated.phases["training"]["activations"] == single.phases["training"]["activations"]
 
@@ -145,7 +145,7 @@ def test_unsloth_s_gpu_path_shares_its_engine_s_weights_and_offloads_its_checkpo
         model="lora", gradient_checkpointing=True, use_vllm=True, vllm_gpu_memory_utilization=0.5,
         num_generations=8, per_device_train_batch_size=8, max_completion_length=4096,
     )  # fmt: skip
-    work = Workload.of(levers, 256)
+    work = Workload.from_levers(levers, 256)
     trl, unsloth = (estimate(shape, "bfloat16", levers, work, h100, path) for path in ("trl-tiled", "unsloth-gpu"))
     engine_weights = shape.param_count() * 2
     assert trl.phases["rollout"]["vllm"] - unsloth.phases["rollout"]["vllm"] == engine_weights  # counted once
@@ -180,11 +180,11 @@ def test_every_lever_moves_memory_the_way_the_physics_says(name):
 
     def peak(phase: str = "training", **change) -> int:
         levers = dataclasses.replace(base, **change)
-        return estimate(shape, "bfloat16", levers, Workload.of(levers, 256), h200).total(phase)
+        return estimate(shape, "bfloat16", levers, Workload.from_levers(levers, 256), h200).total(phase)
 
     def term(term: str, phase: str = "training", **change) -> int:
         levers = dataclasses.replace(base, **change)
-        return estimate(shape, "bfloat16", levers, Workload.of(levers, 256), h200).phases[phase].get(term, 0)
+        return estimate(shape, "bfloat16", levers, Workload.from_levers(levers, 256), h200).phases[phase].get(term, 0)
 
     assert term("activations", gradient_checkpointing=True) < term("activations")  # recompute keeps less
     assert term("optimizer_state", optim="adamw_8bit") < term("optimizer_state")  # 8-bit states
@@ -207,7 +207,7 @@ def test_a_deepspeed_rank_on_a_cpu_carries_its_whole_gradient_as_a_transient_and
 
     shape = load_shapes()["0.5b"]
     levers = Levers(distributed_type=distributed_type, num_processes=2)
-    work = Workload.of(levers, 16)
+    work = Workload.from_levers(levers, 16)
     on_cpu = estimate(shape, "float32", levers, work, load_hardware()["cpu"])
     transient = on_cpu.phases["training"]["cpu_transient_gradients"]
     assert transient == int(CPU_DEEPSPEED_TRANSIENT_GRADIENTS * shape.param_count() * 4)
@@ -227,7 +227,7 @@ def _saved_bytes_per_layer_position(shape, dtype, lora, autocast):
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    from benchmarks.run.models import hf_config
+    from benchmarks.run.model_dirs import hf_config
 
     kept = []
     for layers in (2, 3):
@@ -338,7 +338,7 @@ import dataclasses, sys
 import peft, torch
 from transformers import AutoModelForCausalLM
 from benchmarks.catalog.profiles import load_shapes
-from benchmarks.run.models import hf_config
+from benchmarks.run.model_dirs import hf_config
 shape, lora = dataclasses.replace(load_shapes()[sys.argv[1]], num_hidden_layers=4), sys.argv[2] == "lora"
 config = hf_config(shape, "float32")
 config.vocab_size, config.use_cache = 512, False  # a small head: the layers' share is what is measured

@@ -15,7 +15,7 @@ from benchmarks.results import schema
 from benchmarks.run import context, machine, worker
 from benchmarks.run.configuration import summarise
 from benchmarks.run.job import Job
-from benchmarks.run.models import materialise
+from benchmarks.run.model_dirs import materialise
 from benchmarks.run.worker import Phases
 
 torch = pytest.importorskip("torch")

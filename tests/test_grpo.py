@@ -19,7 +19,7 @@ pytest.importorskip("peft")
 from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
 from benchmarks.run.configuration import run_configuration  # noqa: E402
 from benchmarks.run.job import Job  # noqa: E402
-from benchmarks.run.models import materialise  # noqa: E402
+from benchmarks.run.model_dirs import materialise  # noqa: E402
 
 BASE = Levers(num_generations=4, per_device_train_batch_size=4, max_completion_length=16)
 

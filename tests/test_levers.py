@@ -11,7 +11,7 @@ from benchmarks.catalog import profiles
 from benchmarks.catalog.profiles import GRPO_CONFIG, LAUNCHER, LEVER_KINDS, MODEL_LOADING, SERVER, TRAINER, Levers
 from benchmarks.run import launch, trainer, worker
 from benchmarks.run.job import Job
-from benchmarks.run.models import materialise
+from benchmarks.run.model_dirs import materialise
 
 # Every lever away from its default, each to a value the checks on load accept together.
 AWAY = Levers(
@@ -95,7 +95,7 @@ def test_the_real_trainer_runs_with_every_lever_this_machine_can_run_and_keeps_t
 
 
 def test_launcher_levers_arrive_in_accelerate_s_and_deepspeed_s_configs(tmp_path):
-    place = launch.Place(machine_rank=1, main_process_ip="10.0.0.1", main_process_port=29500)
+    place = launch.Rendezvous(machine_rank=1, main_process_ip="10.0.0.1", main_process_port=29500)
     deepspeed = launch.deepspeed_config(AWAY)
     config = launch.accelerate_config(AWAY, "bfloat16", True, place, Path(tmp_path / "ds.json"))
     assert set(profiles.levers_of_kind(LAUNCHER)) == {

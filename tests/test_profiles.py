@@ -232,7 +232,7 @@ def test_every_hardware_class_says_where_its_figures_come_from():
         assert (hardware.spec_bandwidth_gb_s is None) == (hardware.bandwidth_source is None), name
     assert profiles.load_hardware()["spark"].sustained_bandwidth_gb_s == (180.0, 192.0)
     assert {"24gb", "a100", "h100", "h200", "b200", "spark", "cpu"} <= {
-        h.size_class for h in profiles.load_hardware().values()
+        h.gpu_class for h in profiles.load_hardware().values()
     }
 
 

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from benchmarks.catalog.profiles import load_shapes  # noqa: E402
-from benchmarks.run.models import build_tokenizer, hf_config, materialise, word  # noqa: E402
+from benchmarks.run.model_dirs import build_tokenizer, hf_config, materialise, word  # noqa: E402
 
 
 @pytest.mark.parametrize("name", list(load_shapes()))

@@ -17,7 +17,7 @@ pytest.importorskip("submitit")
 from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
 from benchmarks.run import machines  # noqa: E402
 from benchmarks.run.job import Job  # noqa: E402
-from benchmarks.run.models import materialise  # noqa: E402
+from benchmarks.run.model_dirs import materialise  # noqa: E402
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sinfo", "sbatch")
 

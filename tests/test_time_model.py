@@ -21,7 +21,7 @@ BASE = Levers(num_generations=8, per_device_train_batch_size=8, max_completion_l
 
 def work_of(**levers):
     chosen = replace(BASE, **levers)
-    return timing.phase_work(SHAPE, "bfloat16", chosen, Workload.of(chosen, 256))
+    return timing.phase_work(SHAPE, "bfloat16", chosen, Workload.from_levers(chosen, 256))
 
 
 def test_the_calibration_flops_are_what_its_work_does():
@@ -90,7 +90,7 @@ def test_the_fit_recovers_the_coefficients_that_made_the_rows():
     for levers in ({}, {"model": "lora"}, {"gradient_checkpointing": True}, {"optim": "adamw_8bit"}, {"beta": 0.04}):
         chosen = replace(BASE, max_completion_length=64, **levers)
         for fixed in (False, True):
-            phases = timing.phase_work(SHAPE, "bfloat16", chosen, Workload.of(chosen, 256), malloc_fixed=fixed)
+            phases = timing.phase_work(SHAPE, "bfloat16", chosen, Workload.from_levers(chosen, 256), malloc_fixed=fixed)
             for phase, work in phases.items():
                 if phase != "reward":
                     rows.append((timing.calibration_units(work, 0.5, 0.1, 20.0), rates.seconds(work)))

@@ -86,7 +86,7 @@ class RewardsBench:
 @dataclass(frozen=True)
 class Hardware:
     name: str
-    size_class: str  # the guide's grouping: 24gb, a100, h100, h200, b200, spark, cpu
+    gpu_class: str  # the guide's grouping: 24gb, a100, h100, h200, b200, spark, cpu
     memory_gib: float  # what the driver exposes, in GiB (0: not known in advance, the device's own)
     memory_source: str
     datasheet_memory: str | None = None  # the datasheet's words, quoted (decimal GB, rounded)
@@ -111,7 +111,7 @@ SEARCHES = ("guided", "doubling")  # the context search's ways to its bracket
 PARTS = ("rewards", "decode", "grpo", "distributed")
 GRPO_PARTS = ("grpo", "distributed")  # parts that run GRPO configurations
 DTYPES = ("float32", "bfloat16", "float16")
-WEIGHTS = ("saved", "on-device")  # benchmarks.run.models.materialise
+WEIGHTS = ("saved", "on-device")  # benchmarks.run.model_dirs.materialise
 # transformers generate eager; with a static KV cache and CUDA graphs; vLLM
 DECODE_ENGINES = ("transformers", "transformers-graphs", "vllm")
 

@@ -1,5 +1,5 @@
 """Model shapes (``profiles/shapes.toml``): the dimensions that memory and speed depend on, and
-the parameter count in closed form. ``benchmarks.run.models`` builds a model directory from one."""
+the parameter count in closed form. ``benchmarks.run.model_dirs`` builds a model directory from one."""
 
 from __future__ import annotations
 

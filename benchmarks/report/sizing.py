@@ -22,7 +22,7 @@ CLASS_NAMES |= {"b200": "B200-class", "spark": "DGX Spark", "cpu": "CPU only", "
 # The guide's residency: policy, reference model (the KL term) and a colocated vLLM engine; one
 # prompt's 8 generations of 1024 tokens after a 256-token prompt, bf16.
 SIZING_DTYPE = "bfloat16"
-SIZING_WORKLOAD = Workload.of(GUIDE_LEVERS, GUIDE_PROMPT_TOKENS)
+SIZING_WORKLOAD = Workload.from_levers(GUIDE_LEVERS, GUIDE_PROMPT_TOKENS)
 SIZING_BASE = replace(GUIDE_LEVERS, use_vllm=True, beta=0.04)
 # Lever sets from the least machinery to the most; the first that fits is the cell.
 LADDER = (
@@ -54,9 +54,9 @@ GUIDE_SAYS = {
 }
 
 
-def hardware_for(size_class: str, catalog: dict[str, Hardware]) -> tuple[str, Hardware]:
+def hardware_for(gpu_class: str, catalog: dict[str, Hardware]) -> tuple[str, Hardware]:
     """A size class's smallest member: the one its cell has to fit."""
-    members = [(name, hw) for name, hw in catalog.items() if hw.size_class == size_class]
+    members = [(name, hw) for name, hw in catalog.items() if hw.gpu_class == gpu_class]
     return min(members, key=lambda item: item[1].memory_gib)
 
 
@@ -70,7 +70,7 @@ def vllm_share(levers: Levers, shape_name: str, hardware: Hardware) -> Levers:
 def ladder(hardware: Hardware) -> list[tuple[str, dict]]:
     """The lever sets of LADDER that ``hardware`` can run: on a CPU neither QLoRA's 4-bit bitsandbytes
     nor vLLM sleep mode, both CUDA only."""
-    if hardware.size_class != "cpu":
+    if hardware.gpu_class != "cpu":
         return list(LADDER)
     return [(label, c) for label, c in LADDER if c.get("model") != "qlora" and not c.get("vllm_enable_sleep_mode")]
 
@@ -80,7 +80,7 @@ def predicted_cell(shape_name: str, hardware: Hardware) -> tuple[int, str, float
     lever set of LADDER on them whose predicted peak per GPU fits, with that peak and levers; many GPUs run ZeRO-3
     with the colocated engine split over each machine's ranks (``on_gpus``). A CPU is one machine."""
     shape = load_shapes()[shape_name]
-    counts = (1,) if hardware.size_class == "cpu" else GPU_COUNTS
+    counts = (1,) if hardware.gpu_class == "cpu" else GPU_COUNTS
     for count in counts:
         for label, change in ladder(hardware):
             levers = vllm_share(on_gpus(replace(SIZING_BASE, **change), count), shape_name, hardware)
@@ -119,7 +119,7 @@ def measured_cells(results: list[Result]) -> dict[tuple[str, str], tuple[str, st
     ran["lightness"], ran["label"] = ran.levers.map(_lightness), ran.levers.map(_lever_label)
     cells: dict[tuple[str, str], tuple[str, str]] = {}
     for (shape, size, file, date), group in ran.sort_values("date", kind="stable").groupby(
-        ["shape", "size_class", "file", "date"], sort=False
+        ["shape", "gpu_class", "file", "date"], sort=False
     ):
         where = f"measured: {file}, {date}"
         fits = group[group.status == "ok"].sort_values("lightness", kind="stable")
@@ -134,20 +134,20 @@ def measured_cells(results: list[Result]) -> dict[tuple[str, str], tuple[str, st
     return cells  # groups in date order: the newest file of a cell is the last written
 
 
-def _predicted_text(size: str, size_class: str, hardware: Hardware, rates: Rates | None) -> tuple[str, bool, int]:
+def _predicted_text(size: str, gpu_class: str, hardware: Hardware, rates: Rates | None) -> tuple[str, bool, int]:
     """A predicted cell: the GPUs and lever set that fit, the peak and the step's seconds at ``rates`` (the
     class's, per device); whether it fits."""
-    name = CLASS_NAMES.get(size_class, size_class)
+    name = CLASS_NAMES.get(gpu_class, gpu_class)
     cell = predicted_cell(size, hardware)
     if cell is None:
-        if size_class == "cpu":
+        if gpu_class == "cpu":
             return "does not fit (predicted)", False, 1
         return f"does not fit {GPU_COUNTS[-1]} GPUs at this workload per GPU (predicted)", False, 1
     count, label, peak, levers = cell
     timed = ""
     if rates is not None:
         timed = "; " + time_tables.cell_text(time_tables.cell_time(size, SIZING_DTYPE, levers, SIZING_WORKLOAD, rates))
-    if size_class == "cpu":
+    if gpu_class == "cpu":
         return f"{label} ({peak / GIB:.0f} GiB{timed}; predicted)", True, count
     return f"{count} x {name}: {label} ({peak / GIB:.0f} GiB per GPU{timed}; predicted)", True, count
 
@@ -184,9 +184,9 @@ def _sizing_classes(results: list[Result], catalog: dict[str, Hardware]) -> list
     """The guide's classes and every class with a GRPO result, smallest memory first."""
     classes = list(GUIDE_ANCHORS)
     classes += [
-        c for c in dict.fromkeys(frames.size_class(r.hardware) for r in results if r.kind == "grpo") if c not in classes
+        c for c in dict.fromkeys(frames.gpu_class(r.hardware) for r in results if r.kind == "grpo") if c not in classes
     ]
-    known = {h.size_class for h in catalog.values()}
+    known = {h.gpu_class for h in catalog.values()}
     return sorted(classes, key=lambda c: hardware_for(c, catalog)[1].memory_gib if c in known else 0)
 
 
@@ -202,21 +202,21 @@ def sizing_cells(results: list[Result], every: list[Result] | None = None) -> pd
     # each class's rates once (the CPU's is a fit over the results), not once a cell
     rates = {c: time_tables.class_rates(hardware_for(c, catalog)[1], every) for c in classes}
     for size in sizes:
-        for size_class in classes:
-            _, hardware = hardware_for(size_class, catalog)
-            count, name, file = 1, CLASS_NAMES.get(size_class, size_class), None
-            if (size, size_class) in measured:
-                text, file = measured[(size, size_class)]
+        for gpu_class in classes:
+            _, hardware = hardware_for(gpu_class, catalog)
+            count, name, file = 1, CLASS_NAMES.get(gpu_class, gpu_class), None
+            if (size, gpu_class) in measured:
+                text, file = measured[(size, gpu_class)]
                 fits = text.startswith("fits")
             elif not hardware.memory_gib:  # the generic `gpu` class: each device's own memory, in its files
                 text, fits = "(no prediction: the class's memory is each device's own)", False
             else:
-                text, fits, count = _predicted_text(size, size_class, hardware, rates[size_class])
+                text, fits, count = _predicted_text(size, gpu_class, hardware, rates[gpu_class])
             named = text if text.startswith(f"{count} x {name}") else f"{name}: {text}"
             cells.append(
                 {
                     "size": size,
-                    "class": size_class,
+                    "class": gpu_class,
                     "text": text,
                     "fits": fits,
                     "gpus": count,

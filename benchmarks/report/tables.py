@@ -108,7 +108,7 @@ def _context_probe_errors(results: list[Result]) -> list[str]:
             errors = []
             for probe in entry.probes:
                 if probe.fits and probe.peak_bytes:
-                    work = Workload.of(levers, search.prompt_words, probe.completion_tokens)
+                    work = Workload.from_levers(levers, search.prompt_words, probe.completion_tokens)
                     fixed = search.malloc_mmap_threshold > 0
                     predicted = estimate(shape, search.dtype, levers, work, hardware, entry.logits_path, fixed).peak
                     errors.append((predicted - probe.peak_bytes) / probe.peak_bytes)

@@ -20,7 +20,7 @@ SPARK_SHAPES = ("0.5b", "1.5b", "3b", "7b", "8b", "14b", "32b", "70b")
 def class_rates(hardware: Hardware, results: list[Result]) -> Rates | None:
     """A class's rates for one device: the CPU's from the fitted run's own calibration, a GPU class's
     assumed; None where neither is known (no fitted run among ``results``, no peaks catalogued)."""
-    if hardware.size_class == "cpu":
+    if hardware.gpu_class == "cpu":
         try:
             return tv.fitted_machine_rates(results)
         except ValueError:

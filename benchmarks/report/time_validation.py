@@ -136,7 +136,7 @@ def fixed_heap(result: Result) -> bool:
 def _workload(result: Result, configuration: Configuration) -> tuple:
     grpo = getattr(result.record.profile, result.kind)
     levers = configuration.lever_values
-    return load_shapes()[result.record.shape.name], grpo.dtype, levers, Workload.of(levers, grpo.prompt_words)
+    return load_shapes()[result.record.shape.name], grpo.dtype, levers, Workload.from_levers(levers, grpo.prompt_words)
 
 
 def _measured(results: list[Result]) -> list[tuple[Result, Configuration, Calibration]]:
@@ -242,9 +242,9 @@ def targets(checks: list[TimeCheck]) -> list[tuple[str, float | None, float, boo
     return out
 
 
-def error_line(size_class: str) -> str:
+def error_line(gpu_class: str) -> str:
     """Where a time estimate's error is known from: model.md's held-out checks on a CPU, none on a GPU class yet."""
-    if size_class == "cpu":
+    if gpu_class == "cpu":
         return (
             "error: as model.md's held-out time checks on this CPU (fitted on " + " and ".join(FITTED_TIME_FILES) + ")"
         )

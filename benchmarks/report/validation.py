@@ -68,7 +68,7 @@ def predict_configuration(
     rank for a configuration of many ranks)."""
     grpo = getattr(run.profile, run.kind)
     levers = configuration.lever_values
-    work = Workload.of(levers, grpo.prompt_words)
+    work = Workload.from_levers(levers, grpo.prompt_words)
     fixed = run.profile.malloc_mmap_threshold > 0
     return estimate(
         shapes[run.shape.name], grpo.dtype, levers, work, hardware[run.profile.hardware], malloc_fixed=fixed

@@ -64,10 +64,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def listen(channel: Channel, launcher: subprocess.Popen, sampler: MemorySampler, log_path: Path) -> Heard:
+def listen(channel: Channel, launcher: subprocess.Popen, sampler: MemorySampler, log_path: Path) -> RankReports:
     """What the ranks say on the channel until they have all hung up, each phase boundary passed on to
     the sampler as it comes."""
-    heard = Heard()
+    heard = RankReports()
     for event in channel.events(launcher):
         rank, kind = event.pop("rank", 0), event.pop("event")
         now = sampler.where.get(rank, (None, "setup"))
@@ -92,7 +92,7 @@ def listen(channel: Channel, launcher: subprocess.Popen, sampler: MemorySampler,
 
 
 @dataclass
-class Heard:
+class RankReports:
     """What the ranks of one launch said on the channel."""
 
     hellos: list[int] = field(default_factory=list)

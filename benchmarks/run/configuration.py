@@ -24,7 +24,7 @@ from benchmarks.catalog.profiles import Levers
 from benchmarks.model.estimate import GIB
 from benchmarks.results import schema
 from benchmarks.run import devices, launch
-from benchmarks.run.channel import Channel, Heard, free_port, listen
+from benchmarks.run.channel import Channel, RankReports, free_port, listen
 from benchmarks.run.job import Job
 from benchmarks.run.sampler import MemorySampler
 from benchmarks.run.worker import ENGINE_CANNOT_START
@@ -103,7 +103,7 @@ def run_configuration(
     python: str = sys.executable,
     timeout_s: float | None = None,
     nvml: Any = None,
-    place: launch.Place | None = None,
+    place: launch.Rendezvous | None = None,
 ) -> schema.WorkerRecord:
     """One configuration's ranks on this machine (one worker process, or ``num_processes`` under
     ``accelerate launch``; run by ``python``, another stack's venv for instance; started under
@@ -114,7 +114,7 @@ def run_configuration(
     visible GPUs and in server mode the next ones go to ``trl vllm-serve``; with too few the
     configuration is skipped. Device memory is read on exactly the GPUs the run uses."""
     nvml = devices.load_nvml() if nvml is None else nvml
-    place = place or launch.Place(
+    place = place or launch.Rendezvous(
         machine_rank=0, main_process_ip="127.0.0.1", main_process_port=free_port()
     )  # one machine: its own rendezvous port
     levers = job.levers
@@ -148,7 +148,7 @@ def run_configuration(
 
 
 def _place(
-    job: Job, gpus: list[schema.Gpu], place: launch.Place
+    job: Job, gpus: list[schema.Gpu], place: launch.Rendezvous
 ) -> tuple[Job, dict[str, str], list[schema.Gpu]] | schema.WorkerRecord:
     """The job, the launcher's environment and the GPUs it uses: the ranks get the first visible GPUs, a
     server started here the next ones, its address in the job; or the record of a configuration skipped."""
@@ -178,7 +178,7 @@ def _place(
 class LauncherRun:
     """What a launcher's run left: what its ranks said, the memory sampler, its time and exit status."""
 
-    heard: Heard
+    heard: RankReports
     sampler: MemorySampler
     wall_s: float
     returncode: int | None
@@ -270,7 +270,7 @@ def _stop_group(launcher: subprocess.Popen) -> None:
 
 
 def _record(
-    heard: Heard,
+    heard: RankReports,
     sampler: MemorySampler,
     device: devices.DeviceMemory | None,
     levers: Levers,
@@ -292,7 +292,7 @@ def _record(
 
 
 def _rank_records(
-    heard: Heard, sampler: MemorySampler, device: devices.DeviceMemory | None, many: bool
+    heard: RankReports, sampler: MemorySampler, device: devices.DeviceMemory | None, many: bool
 ) -> tuple[list[schema.Rank], str]:
     """Each rank's steps with their peaks (host RSS; on CUDA its processes' device memory, or the devices'
     use above the baseline where NVML lists none of them), its summary, and what the peaks measure."""
@@ -320,7 +320,9 @@ def _rank_records(
     return ranks, measure
 
 
-def _ending(record: schema.WorkerRecord, heard: Heard, levers: Levers, log_path: Path, exit_status: int | None) -> None:
+def _ending(
+    record: schema.WorkerRecord, heard: RankReports, levers: Levers, log_path: Path, exit_status: int | None
+) -> None:
     """How the ranks ended: the first that did not finish (oom, skipped, an error; an engine that could not
     start), independent runs where one of many ranks was asked for, or ranks that ended without a word."""
     expected = levers.num_processes
@@ -367,14 +369,15 @@ def merged_steps(per_rank: list[list[schema.Step]]) -> list[schema.Step]:
         slowest = max(steps, key=lambda s: s.wall_s)
         tokens = sum(s.completion_tokens for s in steps)
 
-        def most(of: Callable[[schema.Step], dict[str, Any] | None], steps: tuple = steps) -> dict[str, Any] | None:
-            found = [of(s) for s in steps if of(s) is not None]
+        def largest(figures: Callable[[schema.Step], dict[str, Any] | None], steps: tuple = steps) -> dict | None:
+            """Each key's largest value over the ranks' figures of this step (None where no rank has them)."""
+            found = [figures(s) for s in steps if figures(s) is not None]
             return {k: max(d.get(k, 0) for d in found) for d in found for k in d} if found else None
 
         merged.append(
             replace(
                 slowest,
-                phase_s=most(lambda s: s.phase_s),
+                phase_s=largest(lambda s: s.phase_s),
                 completion_tokens=tokens,
                 completion_tokens_per_s=tokens / slowest.wall_s if slowest.wall_s else 0.0,
                 optimizer_state_bytes=max(s.optimizer_state_bytes for s in steps),
@@ -383,15 +386,15 @@ def merged_steps(per_rank: list[list[schema.Step]]) -> list[schema.Step]:
                 model_states=max(
                     (s.model_states for s in steps if s.model_states), key=lambda m: m.total, default=None
                 ),
-                peak_rss_bytes=most(lambda s: s.peak_rss_bytes),
-                peak_device_bytes=most(lambda s: s.peak_device_bytes),
-                peak_device_used_bytes=most(lambda s: s.peak_device_used_bytes),
+                peak_rss_bytes=largest(lambda s: s.peak_rss_bytes),
+                peak_device_bytes=largest(lambda s: s.peak_device_bytes),
+                peak_device_used_bytes=largest(lambda s: s.peak_device_used_bytes),
             )
         )
     return merged
 
 
-def _distribution(heard: Heard, levers: Levers, config: dict | None) -> schema.Distribution:
+def _distribution(heard: RankReports, levers: Levers, config: dict | None) -> schema.Distribution:
     """How the ranks ran, from their own reports (rank 0's, the partition share the largest over ranks)."""
     seen = heard.distribution
     first = seen[min(seen)] if seen else {}

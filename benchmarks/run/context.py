@@ -34,7 +34,7 @@ from benchmarks.run.configuration import run_configuration
 from benchmarks.run.context_search import ProbeFailed, bracket, search
 from benchmarks.run.context_verdict import ratios, search_targets, verdict
 from benchmarks.run.job import Job
-from benchmarks.run.models import materialise
+from benchmarks.run.model_dirs import materialise
 
 SEARCHED = {
     "guided": (
@@ -51,9 +51,9 @@ def budgeted_peak(
 ) -> int:
     """The model's peak at ``length`` in the budget's own measure: on CUDA what torch's allocator holds (the
     budget caps it; the CUDA context lies outside), on a CPU the whole process (the budget is its RSS)."""
-    work = Workload.of(levers, settings.prompt_words, length)
+    work = Workload.from_levers(levers, settings.prompt_words, length)
     predicted = estimate(shape, settings.dtype, levers, work, hardware, path, settings.malloc_mmap_threshold > 0)
-    return predicted.allocator_peak if hardware.size_class != "cpu" else predicted.peak
+    return predicted.allocator_peak if hardware.gpu_class != "cpu" else predicted.peak
 
 
 def predicted_max(shape: Shape, settings: ContextBench, levers: Levers, hardware: Hardware, path: str) -> int | None:
@@ -259,7 +259,7 @@ def _probe_line(probe: schema.Probe) -> str:
 def logits_share(settings: ContextBench, hardware: Hardware, length: int, path: str) -> schema.LogitsShare:
     """The training phase at ``length`` in the analytic model: the logits term against the rest."""
     shape = load_shapes()[settings.shape]
-    work = Workload.of(settings.levers, settings.prompt_words, length)
+    work = Workload.from_levers(settings.levers, settings.prompt_words, length)
     fixed = settings.malloc_mmap_threshold > 0
     training = estimate(shape, settings.dtype, settings.levers, work, hardware, path, fixed).phases["training"]
     rest = sum(v for k, v in training.items() if k != "logits")

@@ -31,10 +31,10 @@ from benchmarks.model.bandwidth import decode_step_bytes, projections, projectio
 from benchmarks.model.estimate import DTYPE_BYTES
 from benchmarks.results import schema
 from benchmarks.run import devices, machine
+from benchmarks.run.bandwidth_probe import ceiling as ceiling_of
+from benchmarks.run.bandwidth_probe import probe
 from benchmarks.run.configuration import VLLM_CPU_ENV
-from benchmarks.run.models import build_on_device, materialise
-from benchmarks.run.probe import ceiling as ceiling_of
-from benchmarks.run.probe import probe
+from benchmarks.run.model_dirs import build_on_device, materialise
 
 
 def step_bytes(shape: Shape, dtype: str, batch: int, context: int, new_tokens: int) -> float:

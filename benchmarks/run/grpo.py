@@ -34,7 +34,7 @@ from benchmarks.run import cluster, machine
 from benchmarks.run.configuration import run_configuration
 from benchmarks.run.job import Job
 from benchmarks.run.machines import run_machines, slurm_record, submit_to_slurm
-from benchmarks.run.models import materialise
+from benchmarks.run.model_dirs import materialise
 
 
 def resolved_levers(levers: Levers, prompt_words: int) -> Levers:

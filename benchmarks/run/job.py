@@ -19,7 +19,7 @@ STACKS = ("trl", "unsloth")  # how the policy is built: transformers + PEFT unde
 @dataclass(frozen=True, kw_only=True)
 class Job:
     levers: Levers
-    model_dir: str  # the materialised shape (benchmarks.run.models.materialise)
+    model_dir: str  # the materialised shape (benchmarks.run.model_dirs.materialise)
     dtype: str  # torch's name: float32, bfloat16, float16
     prompt_words: int
     warmup_steps: int

@@ -31,7 +31,7 @@ TRL_CONFIGS = {
 
 
 @dataclass(frozen=True)
-class Place:
+class Rendezvous:
     """Where this launcher runs among the configuration's machines (accelerate's multi-machine flags)."""
 
     machine_rank: int
@@ -92,7 +92,7 @@ def deepspeed_config(levers: Levers) -> dict[str, Any]:
 
 
 def accelerate_config(
-    levers: Levers, dtype: str, cuda: bool, place: Place, deepspeed_file: Path | None
+    levers: Levers, dtype: str, cuda: bool, place: Rendezvous, deepspeed_file: Path | None
 ) -> dict[str, Any]:
     """TRL's shipped accelerate config for the lever's distributed type with the levers over it."""
     import yaml  # accelerate's and transformers' dependency: only a launch with many ranks reads it
@@ -121,7 +121,7 @@ def accelerate_config(
 
 
 def command(
-    levers: Levers, dtype: str, cuda: bool, place: Place, job_path: Path, python: str = sys.executable
+    levers: Levers, dtype: str, cuda: bool, place: Rendezvous, job_path: Path, python: str = sys.executable
 ) -> tuple[list[str], dict[str, Any] | None]:
     """The command line that starts every rank of this machine, and the accelerate config it uses
     (None: one process, no launcher). Configs are written beside ``job_path``."""

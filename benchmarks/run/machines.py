@@ -95,7 +95,7 @@ def machine_task(
         if machine_rank == levers.num_machines:
             serve_until(job, done, Path(f"{log_path}.server"), timeout_s)
             return None
-    place = launch.Place(machine_rank=machine_rank, main_process_ip=hosts[0], main_process_port=port)
+    place = launch.Rendezvous(machine_rank=machine_rank, main_process_ip=hosts[0], main_process_port=port)
     record = run_configuration(
         job, budget_bytes, Path(f"{log_path}.machine{machine_rank}"), timeout_s=timeout_s, place=place
     )

@@ -25,7 +25,7 @@ from pathlib import Path
 from benchmarks.catalog.profiles import GRPO_PARTS, Profile, configurations
 from benchmarks.catalog.targets import ESTIMATE_WITHIN
 from benchmarks.results import schema
-from benchmarks.run.probe import ceiling, probe
+from benchmarks.run.bandwidth_probe import ceiling, probe
 
 # Which calibration figures a part's time follows (the geometric mean of their ratios).
 FOLLOWS = {

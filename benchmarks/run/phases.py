@@ -47,7 +47,7 @@ class Phases:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
         self.since = now
-        report(self.channel, event="phase", phase=to or "idle")
+        send(self.channel, event="phase", phase=to or "idle")
 
     def enter(self, name: str) -> None:
         self._switch(name)
@@ -87,7 +87,8 @@ class Phases:
         return seconds, peaks
 
 
-def report(channel: TextIO, **record: Any) -> None:
+def send(channel: TextIO, **record: Any) -> None:
+    """One event to the parent: a JSON line on the channel, carrying this rank."""
     channel.write(json.dumps({**record, "rank": RANK}) + "\n")
     channel.flush()
 

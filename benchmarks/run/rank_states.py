@@ -1,6 +1,6 @@
 """What a rank holds and how it runs, read from the trainer as accelerate prepared it: the bytes of its
 model states (parameters, fp32 master, optimizer states, gradients), and the world size, distributed type
-and ZeRO stage it really runs, checked against what the levers asked for (``FellBack`` where they differ)."""
+and ZeRO stage it really runs, checked against what the levers asked for (``RanLessThanAsked`` where they differ)."""
 
 from __future__ import annotations
 
@@ -58,12 +58,12 @@ def model_states(trainer: Any, grad_bytes: int) -> dict[str, int]:
 EXPECTED_TYPE = {"no": "NO", "zero1": "DEEPSPEED", "zero2": "DEEPSPEED", "zero3": "DEEPSPEED", "fsdp2": "FSDP"}
 
 
-class FellBack(RuntimeError):
+class RanLessThanAsked(RuntimeError):
     """The launch ran less than the levers asked for (fewer ranks, another distributed type, no partitioning)."""
 
 
 def distribution(trainer: Any, levers: Levers, cuda: bool) -> dict[str, Any]:
-    """What really runs on this rank, checked against the levers; FellBack names any mismatch."""
+    """What really runs on this rank, checked against the levers; RanLessThanAsked names any mismatch."""
     import torch.distributed as dist
 
     state = trainer.accelerator.state
@@ -101,7 +101,7 @@ def distribution(trainer: Any, levers: Levers, cuda: bool) -> dict[str, Any]:
             f"but this rank holds {held:.0%} of them"
         )
     if problems:
-        raise FellBack("; ".join(problems) + f" (seen on rank {RANK}: {found})")
+        raise RanLessThanAsked("; ".join(problems) + f" (seen on rank {RANK}: {found})")
     if plugin is not None:
         found["notes"] = [
             "DeepSpeed steps its optimizer inside accelerate's backward: the optimizer's time and memory "

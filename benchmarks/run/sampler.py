@@ -117,10 +117,10 @@ class MemorySampler(threading.Thread):
     def rank_peaks(self, rank: int) -> tuple[dict[tuple[int | None, str], int], dict[tuple[int | None, str], int]]:
         """(host RSS peaks, device peaks) of one rank by (step, phase)."""
 
-        def of(peaks: dict) -> dict[tuple[int | None, str], int]:
+        def this_rank(peaks: dict) -> dict[tuple[int | None, str], int]:
             return {(step, phase): value for (r, step, phase), value in peaks.items() if r == rank}
 
-        return of(self.peaks), of(self.device_process_peaks)
+        return this_rank(self.peaks), this_rank(self.device_process_peaks)
 
     def run(self) -> None:
         listed = 0.0

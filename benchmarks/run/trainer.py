@@ -13,8 +13,8 @@ from typing import Any
 from benchmarks.catalog.profiles import GRPO_CONFIG
 from benchmarks.rewardbench.reward_inputs import ADD_TESTS, ANSWER_SCHEMA, GOLD
 from benchmarks.run.job import Job
-from benchmarks.run.models import build_on_device, word
-from benchmarks.run.phases import LOCAL_RANK, Phases, report
+from benchmarks.run.model_dirs import build_on_device, word
+from benchmarks.run.phases import LOCAL_RANK, Phases, send
 from benchmarks.run.rank_states import distribution, full_numel, model_states, optimizer_state_bytes, tensor_bytes
 from rewards import TestExecutionReward, correctness_reward, format_reward, schema_reward
 
@@ -221,12 +221,12 @@ def step_recorder(job: Job, phases: Phases, cuda: bool) -> Any:
         grad_bytes = 0
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            report(channel, event="distribution", **distribution(self.trainer, levers, cuda))
+            send(channel, event="distribution", **distribution(self.trainer, levers, cuda))
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             phases.take()
             self.started = time.perf_counter()
-            report(channel, event="step_begin", step=state.global_step)
+            send(channel, event="step_begin", step=state.global_step)
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             model = self.trainer.model
@@ -240,7 +240,7 @@ def step_recorder(job: Job, phases: Phases, cuda: bool) -> Any:
             seconds, cuda_peaks = phases.take()
             index = state.global_step - 1
             step = step_event(self.trainer, job, wall, self.grad_bytes)
-            report(
+            send(
                 channel,
                 step=index,
                 warmup=index < job.warmup_steps,

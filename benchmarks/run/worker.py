@@ -58,8 +58,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from benchmarks.run.job import Job
-from benchmarks.run.phases import LOCAL_RANK, RANK, Phases, report
-from benchmarks.run.rank_states import FellBack
+from benchmarks.run.phases import LOCAL_RANK, RANK, Phases, send
+from benchmarks.run.rank_states import RanLessThanAsked
 from benchmarks.run.trainer import build_trainer
 from rewards.sandbox import default_sandbox
 
@@ -183,12 +183,12 @@ def run(job: Job, channel: TextIO) -> None:
         import unsloth  # noqa: F401  (before transformers and TRL, which it patches)
     import torch
 
-    report(channel, event="versions", versions=stack_versions())
+    send(channel, event="versions", versions=stack_versions())
 
     cuda = torch.cuda.is_available()
     reason = skip_reason(job, cuda)
     if reason:
-        report(channel, event="skipped", reason=reason)
+        send(channel, event="skipped", reason=reason)
         return
     if cuda:  # the parent headlines device memory only for a worker that ran on the device
         torch.cuda.set_device(LOCAL_RANK)  # each rank on its own of the GPUs the harness gave the launch
@@ -200,7 +200,7 @@ def run(job: Job, channel: TextIO) -> None:
             budget = {"budget_bytes": min(job.memory_budget_bytes, total), "fraction": fraction}
         allocator = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "default"
         name = torch.cuda.get_device_name()
-        report(channel, event="device", name=name, total_bytes=total, allocator_conf=allocator, **budget)
+        send(channel, event="device", name=name, total_bytes=total, allocator_conf=allocator, **budget)
     phases = Phases(channel, cuda)
     server = job.server_mode
     with tempfile.TemporaryDirectory() as output_dir, contextlib.ExitStack() as stack:
@@ -209,21 +209,21 @@ def run(job: Job, channel: TextIO) -> None:
                 port = stack.enter_context(vllm_server(job, f"{output_dir}/server.log")) if server else None
                 trainer = build_trainer(job, phases, cuda, output_dir, port)
             trainer.train()
-        except FellBack as error:
-            report(channel, event="error", error=str(error)[:2000])
+        except RanLessThanAsked as error:
+            send(channel, event="error", error=str(error)[:2000])
             return
         except BaseException as error:
             if engine_cannot_start(error):
                 reason = f"engine cannot start: {str(error)[:400]}"
-                report(channel, event="oom", phase="engine_start", reason=reason, error=str(error)[:500])
+                send(channel, event="oom", phase="engine_start", reason=reason, error=str(error)[:500])
                 return
             if is_out_of_memory(error):
                 phases.note_failure()  # an optimizer step, entered without a context manager
                 phase, peaks = phases.failed or ("setup", None)
-                report(channel, event="oom", phase=phase, error=str(error)[:500], cuda_peak_bytes=peaks)
+                send(channel, event="oom", phase=phase, error=str(error)[:500], cuda_peak_bytes=peaks)
                 return
             raise
-    report(channel, event="done")
+    send(channel, event="done")
 
 
 # glibc's mallopt parameters (malloc.h).
@@ -250,11 +250,11 @@ def main() -> None:
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.connect(job.channel)
     with connection, connection.makefile("w") as channel:
-        report(channel, event="hello", pid=os.getpid())
+        send(channel, event="hello", pid=os.getpid())
         try:
             run(job, channel)
         except BaseException as error:
-            report(
+            send(
                 channel,
                 event="error",
                 error=f"{type(error).__name__}: {error}"[:2000],
