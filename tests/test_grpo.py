@@ -116,10 +116,12 @@ def test_a_worker_does_not_outlive_its_harness(tmp_path):
     interpreter.chmod(0o755)
     harness = (
         "import os, threading, pathlib\n"
+        "from benchmarks.catalog.levers import Levers\n"
         "from benchmarks.run.configuration import run_configuration\n"
+        "from benchmarks.run.job import Job\n"
         "threading.Timer(1.0, lambda: os._exit(0)).start()\n"
-        f"run_configuration({{'levers': {{}}}}, None, pathlib.Path({str(tmp_path / 'w.log')!r}), "
-        f"python={str(interpreter)!r})\n"
+        "job = Job(levers=Levers(), model_dir='-', dtype='float32', prompt_words=8, warmup_steps=0, measured_steps=1)\n"
+        f"run_configuration(job, None, pathlib.Path({str(tmp_path / 'w.log')!r}), python={str(interpreter)!r})\n"
     )
     subprocess.run([sys.executable, "-c", harness], timeout=30, check=False)
     time.sleep(0.5)
