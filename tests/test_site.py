@@ -14,8 +14,9 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from benchmarks import REPO
-from benchmarks.report import claims, site, tables
+from benchmarks.report import claims, site, svg, tables
 from benchmarks.report.site_pages import link_result_files
+from benchmarks.report.svg import Point
 from benchmarks.results import schema
 
 
@@ -167,3 +168,18 @@ def test_the_site_links_a_result_file_named_in_a_tables_text_but_not_inside_a_sc
     linked = link_result_files(body, "../", ["cpu/a-grpo.json"])
     assert '<p>see <a href="../runs/cpu/a-grpo.html">cpu/a-grpo.json</a></p>' in linked
     assert '<script>{"id": "cpu/a-grpo.json"}</script>' in linked and linked.endswith('<a href="x">cpu/a-grpo.json</a>')
+
+
+def test_a_series_chart_keeps_each_point_s_value_noise_and_run_and_a_bar_chart_marks_the_prediction():
+    points = [
+        Point("cpu 135m", "2026-12-01T10:00", 9.0, 8.5, 9.5, "runs/cpu/a.html", "commit abc1234"),
+        Point("cpu 135m", "2026-12-01T12:00", 12.0),
+        Point("h200 32b", "2026-12-01T11:00", 3.0, href="runs/h200/b.html"),
+    ]
+    drawn = svg.series_chart("GRPO step, baseline", "s/step", points)
+    titles = re.findall(r"<title>(.*?)</title>", drawn, re.DOTALL)
+    assert titles[0] == "cpu 135m\n2026-12-01T10:00: 9 s/step (from 8.5 to 9.5)\ncommit abc1234"
+    assert len(titles) == 3 and drawn.count('class="noise"') == 1  # noise only where it was recorded
+    assert drawn.count("<a href=") == 2 and drawn.count("<polyline") == 2  # a line per series
+    bars = svg.bar_chart("peak", "GiB", [("baseline", 2.9, 3.1, ""), ("lora", 1.7, None, "")])
+    assert bars.count('class="predicted"') == 1 and "measured 2.9 GiB, predicted 3.1 GiB" in bars

@@ -13,6 +13,7 @@ import pandas as pd
 from benchmarks.report import claims, site_data, site_runs, svg, tables, time_tables
 from benchmarks.report.part_tables import context_table, decode_table, distributed_table, rewards_table
 from benchmarks.report.sizing import sizing_grid
+from benchmarks.report.time_validation import TimeCheck, validate_time
 from benchmarks.results.schema import Result
 
 NAV = (
@@ -33,14 +34,15 @@ def pages(cited: list[Result], results: list[Result], figures: dict[str, list[st
     """Every page: ``cited``, the results the tables cite (``tables.headline``); ``results``, every file;
     ``figures``, the images runs wrote beside their files."""
     every = tables.headline(results, every_run=True)
+    timed = validate_time(results)
     return {
         "index.html": ("What the GRPO sizing guide's claims look like measured", front_page(cited)),
         "sizing.html": ("Which model size fits which GPU class", sizing_page(cited, results)),
         "series.html": ("Every metric over every run", series_page(every)),
         "compare.html": ("Side by side", compare_page(cited, every)),
         **table_pages(cited, results),
-        **class_pages(cited, results),
-        **site_runs.run_pages(results, figures),
+        **class_pages(cited, results, timed),
+        **site_runs.run_pages(results, figures, timed),
     }
 
 
@@ -210,14 +212,15 @@ def table_pages(cited: list[Result], results: list[Result]) -> Pages:
     return {"tables/index.html": ("Tables", f"{intro}<ul>{listing}</ul>"), **found}
 
 
-def class_pages(cited: list[Result], results: list[Result]) -> Pages:
+def class_pages(cited: list[Result], results: list[Result], timed: list[TimeCheck]) -> Pages:
     """A page per hardware class with results: its runs, GRPO steps and memory, decode, context and rewards."""
     found = {}
     for hardware in _classes(results):
         mine, all_mine = [r for r in cited if r.hardware == hardware], [r for r in results if r.hardware == hardware]
         sections = [
             ("GRPO steps: per lever, the newest run", html_of(time_tables.steps_table(mine))),
-            ("GRPO memory: measured against the model", site_runs.memory_figure(mine, up="../")),
+            ("GRPO memory: measured against the model", site_runs.memory_figure(mine, "../")),
+            ("GRPO time: measured against the model", site_runs.time_figure(mine, timed, "../")),
             ("Many ranks", html_of(distributed_table(mine))),
             ("Decode: against its ceiling and the spec", html_of(decode_table(mine))),
             ("Context", html_of(context_table(mine))),

@@ -11,14 +11,18 @@ import pandas as pd
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.model.estimate import GIB
 from benchmarks.report import frames, site_data, svg
+from benchmarks.report.time_validation import TimeCheck
 from benchmarks.report.validation import validate
 from benchmarks.results.schema import ContextFile, DecodeFile, GrpoFile, Result, RewardsFile
 from benchmarks.run import pace
 
 
-def run_pages(results: list[Result], figures: dict[str, list[str]]) -> dict[str, tuple[str, str]]:
-    """A page per result file; ``figures``: the images a run wrote beside its file, by the file's path."""
-    found = {site_data.run_page(r.path): (r.path, run_body(r, figures.get(r.path, []))) for r in results}
+def run_pages(
+    results: list[Result], figures: dict[str, list[str]], timed: list[TimeCheck]
+) -> dict[str, tuple[str, str]]:
+    """A page per result file; ``figures``: the images a run wrote beside its file, by the file's path;
+    ``timed``: the time model against every measured configuration (``time_validation.validate_time``)."""
+    found = {site_data.run_page(r.path): (r.path, run_body(r, figures.get(r.path, []), timed)) for r in results}
     found["runs/index.html"] = ("Every result file", runs_list(results, up="../"))
     return found
 
@@ -37,12 +41,12 @@ def runs_list(results: list[Result], up: str) -> str:
     return f'<table class="runs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
-def run_body(result: Result, figures: list[str]) -> str:
+def run_body(result: Result, figures: list[str], timed: list[TimeCheck]) -> str:
     name = result.path.rsplit("/", 1)[-1]
     parts = [_header(result), f'<p>The file itself: <a href="{name}">{escape(name)}</a>.</p>']
     record = result.record
     if isinstance(record, GrpoFile):
-        parts += [_configurations(result), memory_figure([result], up="../../")]
+        parts += [_configurations(result), memory_figure([result], "../../"), time_figure([result], timed, "../../")]
     elif isinstance(record, DecodeFile):
         parts.append(_html(frames.sweep(record)))
     elif isinstance(record, ContextFile):
@@ -117,8 +121,21 @@ def memory_figure(results: list[Result], up: str) -> str:
         (change[c.configuration], c.measured_bytes / GIB, c.predicted_bytes / GIB, up + site_data.run_page(run.path))
         for c in checks.itertuples()
     ]
-    title = f"Training peak per configuration, {run.path}: bar measured, mark predicted"
-    return svg.bar_chart(title, "GiB", rows)
+    title = "Training peak per configuration: bar measured, mark the memory model"
+    return svg.bar_chart(title, "GiB", rows, f"{run.path}, {checks.measure.iloc[0]}")
+
+
+def time_figure(results: list[Result], timed: list[TimeCheck], up: str) -> str:
+    """The newest full GRPO run's median step per configuration: measured (bars) against the time model (marks)."""
+    runs = [r for r in results if r.kind == "grpo" and not r.quick]
+    steps = [c for c in timed if runs and c.file == runs[-1].path and c.phase == "step"]
+    if not steps:
+        return "<p>No configuration of the newest GRPO run was timed against the model (no calibration recorded).</p>"
+    change = frames.configurations(runs[-1:]).set_index("name").change
+    href = up + site_data.run_page(runs[-1].path)
+    rows = [(change[c.configuration], c.measured_s, c.predicted_s, href) for c in steps]
+    title = "Median step per configuration: bar measured, mark the time model"
+    return svg.bar_chart(title, "s", rows, f"{runs[-1].path}, each run described by its own calibration")
 
 
 def _html(frame: pd.DataFrame) -> str:

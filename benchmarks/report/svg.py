@@ -49,16 +49,17 @@ def series_chart(title: str, unit: str, points: list[Point]) -> str:
     return _svg(title, height, parts)
 
 
-def bar_chart(title: str, unit: str, rows: list[tuple[str, float, float | None, str]]) -> str:
+def bar_chart(title: str, unit: str, rows: list[tuple[str, float, float | None, str]], subtitle: str = "") -> str:
     """Horizontal bars, one per (label, measured, predicted or None, href): the bar is measured, the black
     mark the model's prediction."""
     top = _nice_top(max(max(m, p or 0.0) for _, m, p, _ in rows))
-    bar, gap, label_width = 14, 6, 300
-    height = TOP + len(rows) * (bar + gap) + 40
+    bar, gap, label_width, first = 14, 6, 300, TOP + 16
+    height = first + len(rows) * (bar + gap) + 40
     scale = (WIDTH - label_width - 24) / top
     parts = [f'<text x="8" y="18" class="title">{escape(title)}</text>']
+    parts.append(f'<text x="8" y="34" class="tick">{escape(subtitle)}</text>')
     for index, (label, measured, predicted, href) in enumerate(rows):
-        y = TOP + index * (bar + gap)
+        y = first + index * (bar + gap)
         tip = f"{label}\nmeasured {measured:.3g} {unit}" + (f", predicted {predicted:.3g} {unit}" if predicted else "")
         parts.append(
             f'<text x="{label_width - 6}" y="{y + bar - 3}" class="label" text-anchor="end">{escape(label)}</text>'
@@ -68,7 +69,7 @@ def bar_chart(title: str, unit: str, rows: list[tuple[str, float, float | None, 
         if predicted:
             x = label_width + predicted * scale
             parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y - 2}" y2="{y + bar + 2}" class="predicted"/>')
-    axis_y = TOP + len(rows) * (bar + gap) + 14
+    axis_y = first + len(rows) * (bar + gap) + 14
     for tick in _ticks(top):
         x = label_width + tick * scale
         parts.append(f'<text x="{x:.1f}" y="{axis_y}" class="tick" text-anchor="middle">{tick:g}</text>')
