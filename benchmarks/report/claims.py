@@ -26,6 +26,7 @@ from benchmarks.report.sizing import (
 )
 from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile
 
+GUIDE = "A GRPO sizing guide (last verified 2026-07-13)"  # the document the claims come from (docs/claims.md)
 HOLDS, FAILS = "measured: holds", "measured: does not hold"
 PREDICTED, UNMEASURED = "predicted only", "not yet measured"
 NO_FIGURE = "measured: the guide states no figure"

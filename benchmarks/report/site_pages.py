@@ -75,8 +75,8 @@ def front_page(cited: list[Result]) -> str:
     counts = pd.Series([c.status for c in ledger]).value_counts()
     summary = "; ".join(f"{n} {status}" for status, n in counts.items())
     classes = ", ".join(f'<a href="hardware/{h}.html">{escape(h)}</a>' for h in _classes(cited))
-    return f"""<p class="lede">A GRPO sizing guide (last verified 2026-07-13) says which model size fits which GPU,
-with which levers; that DGX Spark rollouts run at 180–192 GB/s; that Unsloth's chunked loss gives ~7x longer context;
+    return f"""<p class="lede">{claims.GUIDE} says which model size fits which GPU, with which levers;
+that DGX Spark rollouts run at 180–192 GB/s; that Unsloth's chunked loss gives ~7x longer context;
 and ships reward functions. This suite measures each claim on the hardware at hand and predicts the rest with a
 memory and time model. Each row says whether the claim was measured, on what, and what the model says beside it.</p>
 <p>{len(ledger)} claims: {escape(summary)}. Hardware classes with results: {classes}.</p>
