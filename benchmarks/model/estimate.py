@@ -30,6 +30,7 @@ from benchmarks.model.terms import (
     NF4_BYTES_PER_PARAM,
     OFFLOADS_CHECKPOINTS,
     OUTSIDE_ALLOCATED,
+    PEFT_MODELS,
     RUNTIME_BYTES,
     SHARES_ENGINE_WEIGHTS,
     VLLM_OVERHEAD_BYTES,
@@ -41,6 +42,8 @@ from benchmarks.model.terms import (
     logits_bytes,
     lora_params,
     qlora_weight_bytes,
+    trainable_element_bytes,
+    trainable_params,
 )
 
 # The model's one entry: its terms' parts (``terms``) are read as ``estimate.<name>`` too.
@@ -100,15 +103,15 @@ class _Step:
 
     @property
     def peft(self) -> bool:
-        return self.levers.model in ("lora", "qlora")
+        return self.levers.model in PEFT_MODELS
 
     @property
     def trainable(self) -> int:
-        return lora_params(self.shape, self.levers.lora_r) if self.peft else self.shape.param_count()
+        return trainable_params(self.shape, self.levers)
 
     @property
     def trainable_bytes(self) -> int:
-        return 4 if self.peft else self.dtype_bytes  # PEFT keeps adapters in fp32 over a 16-bit base
+        return trainable_element_bytes(self.levers, self.dtype)
 
     @property
     def weights(self) -> float:

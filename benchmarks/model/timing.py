@@ -35,9 +35,9 @@ from benchmarks.model.estimate import (
     LORA_TARGETS,
     Workload,
     layer_activation_bytes,
-    lora_params,
     qlora_weight_bytes,
 )
+from benchmarks.model.terms import PEFT_MODELS, trainable_element_bytes, trainable_params
 
 # pace._torch_work: 8 rounds of 4 (576 x 1536) linears on 512 rows, forward (4 matmuls) and backward (4 weight
 # gradients, 3 input gradients: the first layer's input needs none), 2 FLOPs a multiply-add.
@@ -180,17 +180,13 @@ def training_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> d
     return out
 
 
-def trainable_params(shape: Shape, levers: Levers) -> int:
-    return lora_params(shape, levers.lora_r) if levers.model in ("lora", "qlora") else shape.param_count()
-
-
 def optimizer_work(shape: Shape, dtype: str, levers: Levers) -> Work:
     """AdamW: parameters, gradients and two states read, parameters and states written, on this rank's
     partition under ZeRO; 8-bit states a byte each, quantised and dequantised."""
     trainable = trainable_params(shape, levers)
     if levers.distributed_type.startswith("zero") and levers.world_size > 1:
         trainable /= levers.world_size
-    b = 4 if levers.model in ("lora", "qlora") else DTYPE_BYTES[dtype]
+    b = trainable_element_bytes(levers, dtype)
     eight_bit = levers.optim.endswith("8bit")
     state = 1 if eight_bit else b
     return Work(
@@ -205,8 +201,8 @@ def faulted_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> di
     touch, each step: forward and backward's activations (made again by checkpointing's recompute) and the
     gradients, the optimizer's temporaries (two a parameter in AdamW's update)."""
     b = DTYPE_BYTES[dtype]
-    peft = levers.model in ("lora", "qlora")
-    trainable = trainable_params(shape, levers) * (4 if peft else b)
+    peft = levers.model in PEFT_MODELS
+    trainable = trainable_params(shape, levers) * trainable_element_bytes(levers, dtype)
     positions = work.rollout_sequences * (work.prompt_tokens + work.completion_tokens)
     layer = layer_activation_bytes(shape, b, peft, lora_r=levers.lora_r)
     return {
