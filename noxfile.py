@@ -136,7 +136,7 @@ def context(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def tables(session: nox.Session) -> None:
-    """Regenerate results/tables/*.md, and the README's excerpt, from every result file
+    """Regenerate results/tables/*.md, the ledger (results/claims.md) and the docs' excerpts from every result file
     (`-- --results DIR --out DIR --doc FILE`)."""
     _install(session, "report")
     docs = ["--doc", "README.md", "--doc", "docs/running.md"]

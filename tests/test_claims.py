@@ -51,6 +51,13 @@ def test_the_context_claim_holds_only_where_the_measured_ratio_reaches_it(tmp_pa
     _rewrite(runs / "cpu/20261201T014312Z-context.json", lambda d: d["verdict"].update(measured_ratio_vs_unchunked=6.5))
     assert ledger(runs)["context-7x"].status == claims.HOLDS  # within 10% of 7x
 
+    def unsloth_at_ceiling(data):
+        next(c for c in data["contenders"] if c["stack"] == "unsloth").update(at_ceiling=True)
+
+    _rewrite(runs / "cpu/20261201T014312Z-context.json", unsloth_at_ceiling)
+    claim = ledger(runs)["context-7x"]
+    assert claim.status == claims.UNMEASURED and "inconclusive" in claim.measured  # 6.5x is only a lower bound
+
 
 def test_the_spark_claim_is_measured_by_a_decode_run_on_a_spark_only(tmp_path):
     runs = _copied(tmp_path, "cpu/20261201T175648Z-decode.json")

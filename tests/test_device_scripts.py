@@ -87,3 +87,13 @@ def test_the_context_script_rehearses_its_search_on_this_cpu(tmp_path):
     assert list(by_name) == list(load("h200").context.contenders)
     assert by_name["trl-1.16"].status == "measured" and by_name["trl-1.16"].warmup_s > 0
     assert by_name["trl-1.16-liger"].status == "skipped" and "Triton" in by_name["trl-1.16-liger"].reason
+
+
+def test_the_command_line_starts_without_what_a_gpu_machine_does_not_carry():
+    """The GPU image has no markdown, matplotlib or Playwright, and the scripts carry none: the command line
+    (bench, estimate) must start without them; only the site, the figures and the browser test need them."""
+    absent = ("markdown", "matplotlib", "playwright")
+    code = "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in absent)
+    code += "from benchmarks import cli\ncli.command_line().parse_args(['bench', '--quick'])\n"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -183,3 +183,17 @@ def test_a_series_chart_keeps_each_point_s_value_noise_and_run_and_a_bar_chart_m
     assert drawn.count("<a href=") == 2 and drawn.count("<polyline") == 2  # a line per series
     bars = svg.bar_chart("peak", "GiB", [("baseline", 2.9, 3.1, ""), ("lora", 1.7, None, "")])
     assert bars.count('class="predicted"') == 1 and "measured 2.9 GiB, predicted 3.1 GiB" in bars
+
+
+def test_the_site_replaces_an_earlier_site_but_never_a_folder_of_other_files(committed_results, tmp_path):
+    elsewhere = tmp_path / "docs"
+    elsewhere.mkdir()
+    (elsewhere / "notes.md").write_text("kept")
+    with pytest.raises(ValueError, match="not empty and not a site"):
+        site.build_site(committed_results, elsewhere)
+    assert [p.name for p in elsewhere.iterdir()] == ["notes.md"]
+    out = tmp_path / "site"
+    site.build_site(committed_results, out)
+    (out / "stale.html").write_text("from an older build")
+    site.build_site(committed_results, out)  # an earlier site is rebuilt whole
+    assert not (out / "stale.html").exists() and (out / "index.html").is_file()

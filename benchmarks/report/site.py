@@ -16,8 +16,9 @@ from html import escape
 from pathlib import Path
 
 from benchmarks.report import site_pages, tables
-from benchmarks.results.schema import Result, load_results
+from benchmarks.results.schema import load_results
 
+SITE_MARK = ".grpo-bench-site"  # in every folder this builds: the one kind of folder it may empty
 STYLE = """
 body { font: 15px/1.45 system-ui, sans-serif; margin: 0; color: #1d1d1f; }
 header { background: #20232a; padding: 8px 24px; }
@@ -42,14 +43,19 @@ td.predicted { background: #fffbea; } td.measured { background: #eefbf0; }
 
 
 def build_site(results_dir: Path, out: Path) -> list[Path]:
-    """Every page under ``out`` (emptied first), with the result files the pages link to; returns the pages."""
+    """Every page under ``out`` (an earlier site there replaced; any other folder with files in it refused, so
+    that nothing else is lost), with the result files the pages link to; returns the pages."""
+    if out.is_dir() and any(out.iterdir()) and not (out / SITE_MARK).is_file():
+        raise ValueError(f"{out}: not empty and not a site this command built (no {SITE_MARK}): choose another --out")
     results = load_results(results_dir)
     cited = tables.headline(results)
-    figures = {r.path: [p.name for p in _siblings(results_dir / r.path) if p.suffix == ".png"] for r in results}
+    siblings = {r.path: _siblings(results_dir / r.path) for r in results}
+    figures = {path: [p.name for p in found if p.suffix == ".png"] for path, found in siblings.items()}
     pages = site_pages.pages(cited, results, figures)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
+    (out / SITE_MARK).write_text("built by `python -m benchmarks site`; rebuilt whole each time\n")
     (out / "style.css").write_text(STYLE)
     written = []
     footer = f"Last verified {tables.last_verified(cited)}; made by <code>nox -s site</code> from results/runs."
@@ -58,7 +64,7 @@ def build_site(results_dir: Path, out: Path) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(page(title, body, relative.count("/"), footer, [r.path for r in results]))
         written.append(path)
-    _copy_result_files(results_dir, out / "runs", results)
+    _copy_result_files(out / "runs", siblings)
     return written
 
 
@@ -77,11 +83,11 @@ def page(title: str, body: str, depth: int, footer: str, result_paths: list[str]
     )
 
 
-def _copy_result_files(results_dir: Path, runs: Path, results: list[Result]) -> None:
+def _copy_result_files(runs: Path, siblings: dict[str, list[Path]]) -> None:
     """Each result file beside its page, with the figures and reports a run wrote next to it."""
-    for result in results:
-        for sibling in _siblings(results_dir / result.path):
-            target = runs / Path(result.path).parent / sibling.name
+    for path, found in siblings.items():
+        for sibling in found:
+            target = runs / Path(path).parent / sibling.name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(sibling, target)
 

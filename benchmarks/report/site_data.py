@@ -27,11 +27,12 @@ class Chart:
     points: list[Point]
 
 
-def series(results: list[Result], up: str = "") -> list[Chart]:
-    """Every metric's chart over ``results`` (every complete run, oldest first); points link ``up`` + run page."""
+def series(results: list[Result]) -> list[Chart]:
+    """Every metric's chart over ``results`` (every complete run, oldest first); each point links to its run's
+    page (relative to the site's root, where the series page is)."""
     notes = {r.path: _note(r) for r in results}
-    charts = [*_grpo_charts(results, notes, up), *_decode_charts(results, notes, up)]
-    charts += [*_reward_charts(results, notes, up), *_context_charts(results, notes, up), _run_chart(results, up)]
+    charts = [*_grpo_charts(results, notes), *_decode_charts(results, notes)]
+    charts += [*_reward_charts(results, notes), *_context_charts(results, notes), _run_chart(results, notes)]
     return [chart for chart in charts if chart.points]
 
 
@@ -47,7 +48,7 @@ def _started(result: Result) -> str:
     return record.datetime if isinstance(record, RewardsFile) else record.started
 
 
-def _grpo_charts(results: list[Result], notes: dict[str, str], up: str) -> list[Chart]:
+def _grpo_charts(results: list[Result], notes: dict[str, str]) -> list[Chart]:
     """Per lever change against its run's first configuration: the median step (from the fastest to the slowest
     measured step) and the headline peak (its spread between steps), a series per hardware class and shape."""
     found = frames.configurations([r for r in results if not r.quick])
@@ -58,7 +59,7 @@ def _grpo_charts(results: list[Result], notes: dict[str, str], up: str) -> list[
     for change, group in ran.groupby("change", sort=False):
         steps, peaks = [], []
         for row in group.itertuples():
-            name, href = f"{row.hardware} {row.shape}", up + run_page(row.file)
+            name, href = f"{row.hardware} {row.shape}", run_page(row.file)
             steps.append(Point(name, row.started, row.step_s, row.step_s_min, row.step_s_max, href, notes[row.file]))
             peak, spread = row.peak_bytes / GIB, row.peak_spread or 0.0
             low, high = peak * (1 - spread), peak * (1 + spread)
@@ -67,7 +68,7 @@ def _grpo_charts(results: list[Result], notes: dict[str, str], up: str) -> list[
     return charts
 
 
-def _decode_charts(results: list[Result], notes: dict[str, str], up: str) -> list[Chart]:
+def _decode_charts(results: list[Result], notes: dict[str, str]) -> list[Chart]:
     """Per engine, batch and context: the GB/s decode streamed (its repeats' spread is not recorded)."""
     points: dict[str, list[Point]] = {}
     for result in results:
@@ -76,14 +77,14 @@ def _decode_charts(results: list[Result], notes: dict[str, str], up: str) -> lis
         name = f"{result.hardware} {result.record.profile.decode.shape} {result.record.profile.decode.dtype}"
         for point in frames.sweep(result.record).query("status == 'ok'").itertuples():
             title = f"decode, {point.engine}, batch {point.batch}, context {point.context}"
-            href, note = up + run_page(result.path), notes[result.path]
+            href, note = run_page(result.path), notes[result.path]
             points.setdefault(title, []).append(
                 Point(name, _started(result), point.achieved_gb_s, href=href, note=note)
             )
     return [Chart(title, "GB/s", found) for title, found in points.items()]
 
 
-def _reward_charts(results: list[Result], notes: dict[str, str], up: str) -> list[Chart]:
+def _reward_charts(results: list[Result], notes: dict[str, str]) -> list[Chart]:
     """Per reward of ours (plain-text completions, its largest batch, fewest words): completions/s at the median
     round, from the slower to the faster quartile."""
     points: dict[str, list[Point]] = {}
@@ -100,13 +101,13 @@ def _reward_charts(results: list[Result], notes: dict[str, str], up: str) -> lis
             low = info.batch / (stats.median + stats.iqr / 2)
             high = info.batch / max(stats.median - stats.iqr / 2, 1e-12)
             title = f"reward, {reward} (batch {info.batch}, {info.words} words)"
-            href, note = up + run_page(result.path), notes[result.path]
+            href, note = run_page(result.path), notes[result.path]
             point = Point(result.hardware, _started(result), info.completions_per_s, low, high, href, note)
             points.setdefault(title, []).append(point)
     return [Chart(title, "completions/s", found) for title, found in points.items()]
 
 
-def _context_charts(results: list[Result], notes: dict[str, str], up: str) -> list[Chart]:
+def _context_charts(results: list[Result], notes: dict[str, str]) -> list[Chart]:
     """Per contender: the longest completion one step fitted, a series per class, shape and budget."""
     points: dict[str, list[Point]] = {}
     for result in results:
@@ -123,22 +124,22 @@ def _context_charts(results: list[Result], notes: dict[str, str], up: str) -> li
                         entry.max_completion_tokens,
                         entry.max_completion_tokens,
                         entry.first_failing_tokens or entry.max_completion_tokens,
-                        up + run_page(result.path),
+                        run_page(result.path),
                         notes[result.path] + "\n(bar: up to the first length that failed)",
                     )
                 )
     return [Chart(title, "completion tokens", found) for title, found in points.items()]
 
 
-def _run_chart(results: list[Result], up: str) -> Chart:
+def _run_chart(results: list[Result], notes: dict[str, str]) -> Chart:
     """The whole run's minutes, from the last part of each run that recorded its pace, a series per profile."""
     points = []
     for result in results:
         found = pace.pace_of(result.record)
         if found is not None and found.run_s:
             name = pace.profile_name(result.record) + (" --quick" if result.quick else "")
-            note = _note(result)
-            points.append(Point(name, _started(result), found.run_s / 60, href=up + run_page(result.path), note=note))
+            note = notes[result.path]
+            points.append(Point(name, _started(result), found.run_s / 60, href=run_page(result.path), note=note))
     return Chart("whole run", "minutes", points)
 
 

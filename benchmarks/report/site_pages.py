@@ -3,16 +3,16 @@ the site's root. Bodies link upwards with ``up`` (``../`` per folder) so that th
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from html import escape
 
-import markdown
 import pandas as pd
 
 from benchmarks.report import claims, site_data, site_runs, svg, tables, time_tables
 from benchmarks.report.part_tables import context_table, decode_table, distributed_table, rewards_table
-from benchmarks.report.sizing import sizing_grid
+from benchmarks.report.sizing import sizing_grid, sizing_notes
 from benchmarks.report.time_validation import TimeCheck, validate_time
 from benchmarks.results.schema import Result
 
@@ -48,6 +48,8 @@ def pages(cited: list[Result], results: list[Result], figures: dict[str, list[st
 
 def html_of(text: str) -> str:
     """A generated table's markdown (pipe tables, paragraphs, lists) as HTML."""
+    import markdown  # here: the command line imports this module where no site is built (a GPU box carries none)
+
     return markdown.markdown(text, extensions=["tables"])
 
 
@@ -56,7 +58,7 @@ def link_result_files(body: str, up: str, paths: list[str]) -> str:
     tags, links and scripts are left alone."""
     if not paths:
         return body
-    pattern = re.compile("|".join(re.escape(p) for p in sorted(paths, key=len, reverse=True)))
+    pattern = _names_of(tuple(paths))
     pieces = re.split(r"(<[^>]*>)", body)
     opaque = 0  # inside <a> or <script>
     for index, piece in enumerate(pieces):
@@ -67,6 +69,12 @@ def link_result_files(body: str, up: str, paths: list[str]) -> str:
                 lambda m: f'<a href="{up}{site_data.run_page(m.group(0))}">{m.group(0)}</a>', piece
             )
     return "".join(pieces)
+
+
+@functools.cache
+def _names_of(paths: tuple[str, ...]) -> re.Pattern:
+    """One pattern for every result file's name (the longest first), made once for all the pages."""
+    return re.compile("|".join(re.escape(p) for p in sorted(paths, key=len, reverse=True)))
 
 
 def front_page(cited: list[Result]) -> str:
@@ -118,7 +126,7 @@ def sizing_page(cited: list[Result], results: list[Result]) -> str:
             else:
                 cells.append(f'<td class="predicted"><a href="tables/model.html">{escape(text)}</a></td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
-    notes = tables.sizing_table(cited, results).split("\n\n", 1)[1]
+    notes = "\n\n".join(sizing_notes())
     return (
         "<p>Green cells were measured (the link opens the run); yellow cells are the model's prediction (the link "
         "opens its validation).</p>\n"
@@ -147,11 +155,11 @@ def compare_page(cited: list[Result], every: list[Result]) -> str:
         {
             "id": f"class:{h}",
             "label": f"class {h} (its newest runs)",
-            "figures": _figures([r for r in cited if r.hardware == h]),
+            "figures": site_data.figures_by_name([r for r in cited if r.hardware == h]),
         }
         for h in _classes(cited)
     ]
-    entries += [{"id": r.path, "label": r.path, "figures": _figures([r])} for r in reversed(every)]
+    entries += [{"id": r.path, "label": r.path, "figures": site_data.figures_by_name([r])} for r in reversed(every)]
     data = json.dumps(entries, allow_nan=False).replace("</", "<\\/")
     return f"""<p>Pick two runs or hardware classes: every figure they share is shown side by side, with the right's
 over the left's. All figures are measured. Each run's own page has the rest.</p>
@@ -193,10 +201,6 @@ function show() {
 for (const control of [left, right, shared]) control.addEventListener("change", show);
 show();
 """
-
-
-def _figures(results: list[Result]) -> dict[str, tuple[float, str]]:
-    return site_data.figures_by_name(results)
 
 
 def _classes(results: list[Result]) -> list[str]:

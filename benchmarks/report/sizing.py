@@ -156,7 +156,7 @@ def sizing_table(results: list[Result], every: list[Result] | None = None) -> st
     """The guide's "Memory Anchors by Size Class" (``sizing_grid``) with its notes. ``every``: all results (the
     time model's fitted run among them), default ``results``."""
     table, _ = sizing_grid(results, every)
-    return "\n".join([frames.markdown(table), "", *_sizing_notes()]) + "\n"
+    return "\n".join([frames.markdown(table), "", *sizing_notes()]) + "\n"
 
 
 def sizing_grid(results: list[Result], every: list[Result] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -227,7 +227,7 @@ def sizing_cells(results: list[Result], every: list[Result] | None = None) -> pd
     return pd.DataFrame(cells)
 
 
-def _sizing_notes() -> list[str]:
+def sizing_notes() -> list[str]:
     return [
         f"Predicted cells: the analytic model (`python -m benchmarks estimate`) for one GRPO step of "
         f"{SIZING_WORKLOAD.completions} completions x {SIZING_WORKLOAD.completion_tokens} tokens after "

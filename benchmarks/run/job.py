@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +53,15 @@ class Job:
 
     @classmethod
     def read(cls, path: Path) -> Job:
-        """The job written at ``path``; an unknown key is named with the file."""
+        """The job written at ``path``; a key it lacks or one it does not know is named with the file."""
         data = json.loads(path.read_text())
-        known = {f.name for f in dataclasses.fields(cls)}
+        fields = dataclasses.fields(cls)
+        required = {f.name for f in fields if f.default is MISSING and f.default_factory is MISSING}
         lever_names = {f.name for f in dataclasses.fields(Levers)}
-        unknown = sorted(set(data) - known) + sorted(f"levers.{k}" for k in set(data.get("levers", {})) - lever_names)
+        unknown = sorted(set(data) - {f.name for f in fields})
+        unknown += sorted(f"levers.{k}" for k in set(data.get("levers", {})) - lever_names)
+        if missing := sorted(required - set(data)):
+            raise ValueError(f"{path}: missing key(s) {', '.join(missing)} in a worker's job")
         if unknown:
             raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)} in a worker's job")
         levers = Levers(**data.pop("levers"))
