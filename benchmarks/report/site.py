@@ -45,7 +45,7 @@ td.predicted { background: #fffbea; } td.measured { background: #eefbf0; }
 def build_site(results_dir: Path, out: Path) -> list[Path]:
     """Every page under ``out`` (an earlier site there replaced; any other folder with files in it refused, so
     that nothing else is lost), with the result files the pages link to; returns the pages."""
-    if out.is_dir() and any(out.iterdir()) and not (out / SITE_MARK).is_file():
+    if out.is_dir() and any(out.iterdir()) and not _built_here(out):
         raise ValueError(f"{out}: not empty and not a site this command built (no {SITE_MARK}): choose another --out")
     results = load_results(results_dir)
     cited = tables.headline(results)
@@ -90,6 +90,12 @@ def _copy_result_files(runs: Path, siblings: dict[str, list[Path]]) -> None:
             target = runs / Path(path).parent / sibling.name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(sibling, target)
+
+
+def _built_here(folder: Path) -> bool:
+    """A site this command built: its marker, or (built before the marker) its front page, style and runs list."""
+    earlier = ("index.html", "style.css", "runs/index.html")
+    return (folder / SITE_MARK).is_file() or all((folder / name).is_file() for name in earlier)
 
 
 def _siblings(source: Path) -> list[Path]:
