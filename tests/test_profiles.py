@@ -34,13 +34,9 @@ def test_the_default_cpu_profile_varies_one_lever_at_a_time_and_sets_its_time_li
         set(),
         {"optim"},
         {"gradient_checkpointing"},
-        {"use_vllm"},
         {"model"},
-        {"model", "beta"},
         {"beta"},
         {"reward"},
-        {"use_vllm", "vllm_mode"},
-        {"use_vllm", "vllm_enable_sleep_mode"},
     ]
     assert profile.time_limit_min == 15 and profiles.load("cpu", quick=True).time_limit_min == 2
 
