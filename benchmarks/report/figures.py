@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from benchmarks.catalog.profiles import load_hardware
 from benchmarks.report import frames
 from benchmarks.results.schema import DecodeFile, SchemaError, read_result
 
@@ -64,7 +65,7 @@ def measured_on(run: DecodeFile) -> str:
 
 def decode_figure(run: DecodeFile, path: Path) -> None:
     """Achieved GB/s against batch per engine and context, with the device's ceiling and its
-    spread, and DGX Spark's 180-192 GB/s budget and 273 GB/s spec, on a log scale."""
+    spread, and DGX Spark's sustained budget and spec (profiles/hardware.toml), on a log scale."""
     import matplotlib  # optional, heavy: only where a figure is drawn
     import matplotlib.ticker
 
@@ -79,8 +80,11 @@ def decode_figure(run: DecodeFile, path: Path) -> None:
     best = run.device_ceiling
     axes.axhline(best.median_gb_s, color="black", label=f"this device's ceiling ({best.kernel}, median)")
     axes.axhspan(best.min_gb_s, best.max_gb_s, color="black", alpha=0.1)
-    axes.axhspan(180, 192, color="tab:red", alpha=0.25, label="DGX Spark sustained budget 180-192 GB/s")
-    axes.axhline(273, color="tab:red", linestyle="--", label="DGX Spark spec 273 GB/s")
+    spark = load_hardware()["spark"]
+    low, high = spark.sustained_bandwidth_gb_s
+    axes.axhspan(low, high, color="tab:red", alpha=0.25, label=f"DGX Spark sustained budget {low:g}-{high:g} GB/s")
+    spec = spark.spec_bandwidth_gb_s
+    axes.axhline(spec, color="tab:red", linestyle="--", label=f"DGX Spark spec {spec:g} GB/s")
     axes.set(xscale="log", yscale="log", xlabel="batch (sequences decoded together)", ylabel="achieved GB/s")
     axes.set_xticks(sorted(points.batch.unique()))
     axes.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())

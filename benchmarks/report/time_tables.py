@@ -115,7 +115,7 @@ def _check_frame(checks: list[tv.TimeCheck]) -> pd.DataFrame:
 
 def spark_rows(work: Workload, levers: Levers, dtype: str) -> list[str]:
     """Hours per 1,000 steps per size class on DGX Spark at its sustained budget against an H200: the same
-    step with the rollout at 180 and 192 GB/s (every other rate assumed as on any class)."""
+    step with the rollout at each end of its budget (every other rate assumed as on any class)."""
     catalog = load_hardware()
     spark, versus = catalog["spark"], catalog[SPARK_VERSUS]
     bases = [
@@ -123,6 +123,7 @@ def spark_rows(work: Workload, levers: Levers, dtype: str) -> list[str]:
         for gb_s in spark.sustained_bandwidth_gb_s
     ]
     bases.append((versus.name, assumed_rates(versus)))
+    budget = " and ".join(f"{gb_s:g}" for gb_s in spark.sustained_bandwidth_gb_s)
     rows = []
     for name in SPARK_SHAPES:
         row = {"size class": name}
@@ -135,7 +136,7 @@ def spark_rows(work: Workload, levers: Levers, dtype: str) -> list[str]:
         "Worth doing on a DGX Spark? Hours per 1,000 GRPO steps (one device, predicted by the time model), LoRA "
         f"with checkpointing, {work.completions} completions x {work.completion_tokens} tokens after "
         f"{work.prompt_tokens}-token prompts, the rollout by a colocated vLLM engine, {dtype}: Spark's rollout at its "
-        f"sustained 180 and 192 GB/s (the guide's budget), every other rate assumed ({GPU_ASSUMPTIONS}), "
+        f"sustained {budget} GB/s (the guide's budget), every other rate assumed ({GPU_ASSUMPTIONS}), "
         f"beside an {versus.name} at its assumed rates. Memory is not checked here: sizing.md says what fits.",
         "",
         frames.markdown(pd.DataFrame(rows)),
