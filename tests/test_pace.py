@@ -26,9 +26,21 @@ def test_a_part_scales_by_the_figures_it_follows_only():
     assert pace.scale(now, then, "grpo") == pytest.approx(1.0)  # sqrt(0.5 x 2)
 
 
+def names(quick=False):
+    """The cpu profile's GRPO configurations, as a run names them."""
+    return [name for name, _ in profiles.configurations(profiles.load("cpu", quick=quick).grpo)]
+
+
+def walls(quick=False):
+    """A reference run's wall time per configuration: the first 30 s, the others 60 s between them."""
+    rest = names(quick)[1:]
+    return {names(quick)[0]: 30.0, **{name: 60.0 / len(rest) for name in rest}}
+
+
 @pytest.fixture
 def results_dir(tmp_path, grpo_run):
-    """Two cpu-profile GRPO runs with a pace (the newer one 100 s), one of another profile, one without."""
+    """Two cpu-profile GRPO runs with a pace (the newer one 100 s), one of another profile, one without, and
+    a quick one; each ran the profile's configurations of now (90 s between them)."""
 
     def configuration(name, wall_s):
         return schema.Configuration(
@@ -40,7 +52,7 @@ def results_dir(tmp_path, grpo_run):
 
     def write(stamp, profile_name, part_s, with_pace=True, quick=False):
         run = grpo_run(
-            configurations=[configuration("a", 30.0), configuration("b", 60.0)],
+            configurations=[configuration(name, wall_s) for name, wall_s in walls(quick).items()],
             complete=True,
             quick=quick,
             pace=schema.Pace(calibration=calibration(), part_s=part_s, estimated_s=None, reference=None)
@@ -64,16 +76,32 @@ def test_the_estimate_scales_the_newest_run_of_the_same_profile_part_and_quick(r
     slower = calibration(python_s=2.0, torch_s=2.0)
     [grpo] = pace.estimate_run([results_dir], profile, ["grpo"], False, slower)
     assert grpo.seconds == pytest.approx(200.0) and grpo.reference == "cpu/20261202T000000Z-grpo.json"
-    [quick] = pace.estimate_run([results_dir], profile, ["grpo"], True, calibration())
+    [quick] = pace.estimate_run([results_dir], profiles.load("cpu", quick=True), ["grpo"], True, calibration())
     assert quick.seconds == pytest.approx(3.0)
 
 
 def test_only_some_configurations_take_their_share_of_the_reference(results_dir):
     profile = profiles.load("cpu")
-    names = [name for name, _ in profiles.configurations(profile.grpo)]
-    assert pace.share(schema.read_result(results_dir / "cpu/20261202T000000Z-grpo.json", "x").record, ["b"]) == 2 / 3
-    [part] = pace.estimate_run([results_dir], profile, ["grpo"], False, calibration(), [names[0]])
-    assert part.seconds == pytest.approx(100.0 * 45 / 90)  # a name the reference lacks: its mean configuration
+    reference = schema.read_result(results_dir / "cpu/20261202T000000Z-grpo.json", "x").record
+    assert pace.share(reference, names()[1:]) == pytest.approx(2 / 3)
+    mean = 90 / len(names())
+    assert pace.share(reference, [names()[0], "a configuration it lacks"]) == pytest.approx((30 + mean) / 90)
+    [part] = pace.estimate_run([results_dir], profile, ["grpo"], False, calibration(), [names()[0]])
+    assert part.seconds == pytest.approx(100.0 * 30 / 90)
+
+
+def test_a_profile_that_dropped_configurations_is_estimated_from_those_it_still_runs(tmp_path, grpo_run):
+    def configuration(name, wall_s):
+        harness = schema.Harness(wall_s=wall_s, sampler_cpu_s=0, samples=1, overhead_fraction=0)
+        return schema.Configuration(name=name, levers={}, status="ok", harness=harness)
+
+    ran = [configuration(name, wall_s) for name, wall_s in walls().items()] + [configuration("dropped", 90.0)]
+    pace_then = schema.Pace(calibration=calibration(), part_s=200.0, estimated_s=None, reference=None)
+    run = grpo_run(configurations=ran, complete=True, quick=False, pace=pace_then)
+    run.profile = schema.ProfileRecord(hardware="cpu", name="cpu")
+    schema.write(tmp_path / "cpu" / "20261201T000000Z-grpo.json", run)
+    [part] = pace.estimate_run([tmp_path], profiles.load("cpu"), ["grpo"], False, calibration())
+    assert part.seconds == pytest.approx(100.0)  # 90 of the 180 s its configurations took then
 
 
 def test_no_reference_no_estimate_and_the_line_says_why(results_dir, tmp_path):

@@ -35,7 +35,6 @@ def test_the_default_cpu_profile_varies_one_lever_at_a_time_and_sets_its_time_li
         {"optim"},
         {"gradient_checkpointing"},
         {"model"},
-        {"beta"},
         {"reward"},
     ]
     assert profile.time_limit_min == 15 and profiles.load("cpu", quick=True).time_limit_min == 2

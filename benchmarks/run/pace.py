@@ -128,8 +128,8 @@ def reference(results: list[schema.Result], profile: Profile, part: str, quick: 
 
 
 def share(record: object, names: Sequence[str] | None) -> float:
-    """The part of a GRPO run's time that ``names`` (its configurations to run now) took then; every
-    configuration: 1. A name the reference lacks counts as its mean configuration."""
+    """The part of a GRPO run's time that ``names`` (the configurations to run now) took then: the same
+    configurations, 1; fewer, less; a name the reference lacks counts as its mean configuration."""
     configurations = getattr(record, "configurations", None)
     if names is None or not configurations:
         return 1.0
@@ -147,8 +147,8 @@ def estimate_part(
     calibration: schema.Calibration,
     names: Sequence[str] | None = None,
 ) -> PartEstimate:
-    """``part``'s time here: its reference run's, scaled by the calibrations (and, for a GRPO part run
-    with --only, by the share its configurations took then)."""
+    """``part``'s time here: its reference run's, scaled by the calibrations (and, for a GRPO part, by the
+    share its configurations to run now took then)."""
     found = reference(results, profile, part, quick)
     if found is None:
         return PartEstimate(part, None, None, None, f"no earlier {part} run of profile {profile.name} with a pace here")
@@ -180,11 +180,13 @@ def estimate_run(
 
 
 def configuration_names(profile: Profile, part: str, patterns: Sequence[str] | None) -> list[str] | None:
-    """The GRPO configurations of ``part`` that ``patterns`` choose, or None: all of them."""
+    """The GRPO configurations of ``part`` to run (those ``patterns`` choose; None: all), or None where
+    ``part`` runs none."""
     bench = getattr(profile, part, None) if part in GRPO_PARTS else None
-    if bench is None or patterns is None:
+    if bench is None:
         return None
-    return [name for name, _ in configurations(bench) if any(fnmatch.fnmatch(name, x) for x in patterns)]
+    names = [name for name, _ in configurations(bench)]
+    return names if patterns is None else [n for n in names if any(fnmatch.fnmatch(n, x) for x in patterns)]
 
 
 def clock(seconds: float) -> str:
