@@ -139,7 +139,8 @@ def _x(value: float | None) -> str:
 
 def model_error(results_dir: Path, every_run: bool = False) -> None:
     """The memory model's median error over the fitted and the held-out configurations the tables cite."""
-    _, medians = tables.model_table(tables.headline(schema.load_results(results_dir), every_run))
+    results = schema.load_results(results_dir)
+    _, medians = tables.model_table(tables.with_fitted_runs(tables.headline(results, every_run), results))
     for name, median in medians.items():
         print(
             f"analytic model, training-phase peak: median absolute error {median:.1%} over the {name} "

@@ -144,6 +144,13 @@ def headline(results: list[Result], every_run: bool = False) -> list[Result]:
     return [r for r in results if id(r) in chosen]
 
 
+def with_fitted_runs(cited: list[Result], every: list[Result]) -> list[Result]:
+    """What the memory model's table scores: the results cited, and the runs its constants were fitted on
+    (``FITTED_FILES``) where a newer run of their series is cited instead; the model's evidence stays in view."""
+    chosen = {id(r) for r in cited}
+    return [r for r in every if id(r) in chosen or r.path in FITTED_FILES]
+
+
 def cut(result: Result) -> bool:
     """A GRPO run that ended early with finished configurations in its file: each one citable as it is."""
     return not result.complete and result.kind in ("grpo", "distributed") and bool(result.record.configurations)
@@ -160,7 +167,7 @@ def build(results: list[Result], every: list[Result] | None = None) -> dict[str,
         "decode": decode_table(results),
         "context": context_table(results),
         "rewards": rewards_table(results),
-        "model": model_table(results)[0] + "\n" + time_tables.time_table(every),
+        "model": model_table(with_fitted_runs(results, every))[0] + "\n" + time_tables.time_table(every),
         "distributed": distributed_table(results),
         LEDGER: claims.claims_markdown(claims.ledger(results)),
     }
