@@ -26,6 +26,11 @@ def test_a_part_scales_by_the_figures_it_follows_only():
     assert pace.scale(now, then, "grpo") == pytest.approx(1.0)  # sqrt(0.5 x 2)
 
 
+def configuration(name, wall_s):
+    harness = schema.Harness(wall_s=wall_s, sampler_cpu_s=0, samples=1, overhead_fraction=0)
+    return schema.Configuration(name=name, levers={}, status="ok", harness=harness)
+
+
 def names(quick=False):
     """The cpu profile's GRPO configurations, as a run names them."""
     return [name for name, _ in profiles.configurations(profiles.load("cpu", quick=quick).grpo)]
@@ -41,14 +46,6 @@ def walls(quick=False):
 def results_dir(tmp_path, grpo_run):
     """Two cpu-profile GRPO runs with a pace (the newer one 100 s), one of another profile, one without, and
     a quick one; each ran the profile's configurations of now (90 s between them)."""
-
-    def configuration(name, wall_s):
-        return schema.Configuration(
-            name=name,
-            levers={},
-            status="ok",
-            harness=schema.Harness(wall_s=wall_s, sampler_cpu_s=0, samples=1, overhead_fraction=0),
-        )
 
     def write(stamp, profile_name, part_s, with_pace=True, quick=False):
         run = grpo_run(
@@ -91,10 +88,6 @@ def test_only_some_configurations_take_their_share_of_the_reference(results_dir)
 
 
 def test_a_profile_that_dropped_configurations_is_estimated_from_those_it_still_runs(tmp_path, grpo_run):
-    def configuration(name, wall_s):
-        harness = schema.Harness(wall_s=wall_s, sampler_cpu_s=0, samples=1, overhead_fraction=0)
-        return schema.Configuration(name=name, levers={}, status="ok", harness=harness)
-
     ran = [configuration(name, wall_s) for name, wall_s in walls().items()] + [configuration("dropped", 90.0)]
     pace_then = schema.Pace(calibration=calibration(), part_s=200.0, estimated_s=None, reference=None)
     run = grpo_run(configurations=ran, complete=True, quick=False, pace=pace_then)
