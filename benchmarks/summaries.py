@@ -48,7 +48,8 @@ def decode(path: Path) -> None:
 def grpo(path: Path) -> None:
     """The targets, then each configuration's speed and peak per phase (per rank's model states), then the
     memory model beside each measured phase."""
-    run = schema.read_result(path, str(path)).record
+    result = schema.read_result(path, str(path))
+    run = result.record
     for target in run.targets:
         print(target.line())
     if not run.complete:
@@ -74,7 +75,7 @@ def grpo(path: Path) -> None:
                 )
                 peak = rank.summary.peak_bytes / GIB
                 print(f"    rank {rank.rank}: model states {states.total / GIB:.3f} GiB ({parts}); peak {peak:.2f} GiB")
-    lines = validation.phase_lines(schema.read_result(path, str(path)))
+    lines = validation.phase_lines(result)
     print("\nthe model beside each measured phase (on CUDA: the tensors torch held in it)", *lines, sep="\n")
 
 

@@ -15,6 +15,7 @@ class ProfileError(ValueError):
 
 
 MODELS = ("full", "lora", "qlora")
+PEFT_MODELS = ("lora", "qlora")  # the model levers that train adapters over a frozen base
 STEP_REWARDS = ("synthetic", "format-exact", "schema", "execution")  # worker.step_rewards
 VLLM_MODES = ("colocate", "server")
 DISTRIBUTED_TYPES = ("no", "ddp", "zero1", "zero2", "zero3", "fsdp2")
@@ -159,6 +160,11 @@ class Levers:
         longer knows is left out."""
         names = {field.name for field in dataclasses.fields(cls)}
         return cls(**{key: value for key, value in table.items() if key in names})
+
+    @property
+    def peft(self) -> bool:
+        """Adapters trained over a frozen base (LoRA, QLoRA), not every weight."""
+        return self.model in PEFT_MODELS
 
     @property
     def world_size(self) -> int:

@@ -30,7 +30,6 @@ from benchmarks.model.terms import (
     NF4_BYTES_PER_PARAM,
     OFFLOADS_CHECKPOINTS,
     OUTSIDE_ALLOCATED,
-    PEFT_MODELS,
     RUNTIME_BYTES,
     SHARES_ENGINE_WEIGHTS,
     VLLM_OVERHEAD_BYTES,
@@ -102,10 +101,6 @@ class _Step:
         return self.hardware.gpu_class != "cpu"
 
     @property
-    def peft(self) -> bool:
-        return self.levers.model in PEFT_MODELS
-
-    @property
     def trainable(self) -> int:
         return trainable_params(self.shape, self.levers)
 
@@ -171,16 +166,16 @@ def _resident(est: Estimate, step: _Step) -> None:
     for phase in ("rollout", "training"):
         est.add(phase, "runtime", runtime, "interpreter and libraries (CPU) or CUDA context and slack")
         est.add(phase, "weights", step.weights, weights_note)
-        if step.peft:
+        if step.levers.peft:
             adapters = step.trainable * step.trainable_bytes
             est.add(phase, "adapters", adapters, f"LoRA r={levers.lora_r} on {len(LORA_TARGETS)} linears")
-        if levers.beta > 0 and not step.peft:
+        if levers.beta > 0 and not step.levers.peft:
             est.add(phase, "reference_model", step.weights, "beta > 0 without PEFT: a frozen copy")
 
 
 def _optimizer(est: Estimate, step: _Step) -> int:
     """Gradients and optimizer states; returns the bytes of the update's temporaries."""
-    levers, trainable, peft = step.levers, step.trainable, step.peft
+    levers, trainable, peft = step.levers, step.trainable, step.levers.peft
     est.add("training", "gradients", trainable * step.trainable_bytes)
     # The optimizer state lives across steps, rollout included; the gradients' memory, freed after
     # each step (zero_grad(set_to_none=True)), stays with the allocator (glibc's heap on CPU, the
@@ -212,7 +207,7 @@ def _optimizer(est: Estimate, step: _Step) -> int:
 def _activations(est: Estimate, step: _Step) -> None:
     """What backward needs kept, with or without checkpointing, and the loss's logits."""
     shape, b, cuda = step.shape, step.dtype_bytes, step.cuda
-    layer = layer_activation_bytes(shape, b, step.peft, autocast=cuda and b < 4, lora_r=step.levers.lora_r)
+    layer = layer_activation_bytes(shape, b, step.levers.peft, autocast=cuda and b < 4, lora_r=step.levers.lora_r)
     if step.levers.gradient_checkpointing and step.logits_path in OFFLOADS_CHECKPOINTS and cuda:
         kept = int(CHECKPOINTED_RECOMPUTE_LAYERS * layer)
         note = "checkpointed inputs offloaded to host memory: one layer recomputed and its gradients"
@@ -284,7 +279,7 @@ def _generate(est: Estimate, step: _Step) -> None:
     """transformers' generate: the KV cache of every sequence, the sampled position's logits."""
     shape, work, b = step.shape, step.work, step.dtype_bytes
     cache = kv_bytes_per_token(shape, b) * work.rollout_sequences * (work.prompt_tokens + work.completion_tokens)
-    if step.peft and not step.cuda and b == 2:
+    if step.levers.peft and not step.cuda and b == 2:
         # PEFT LoRA generate in bf16 on a CPU (peft 0.21, transformers 5.17, torch 2.13) holds completions x
         # vocab x hidden x 2 bytes for a moment; none in fp32, none without PEFT, none in a plain forward.
         transient = work.rollout_sequences * shape.vocab_size * shape.hidden_size * 2
@@ -392,9 +387,9 @@ def rank_model_states(shape: Shape, dtype: str, levers: Levers) -> RankModelStat
     keeps its states in the parameters' dtype and there is no master; FSDP2 shards all three."""
     b = DTYPE_BYTES[dtype]
     params = shape.param_count()
-    peft = levers.model in ("lora", "qlora")
-    trainable = lora_params(shape, levers.lora_r) if peft else params
-    trainable_bytes = 4 if peft else b
+    peft = levers.peft
+    trainable = trainable_params(shape, levers)
+    trainable_bytes = trainable_element_bytes(levers, dtype)
     world, stage = levers.world_size, ZERO_STAGE[levers.distributed_type]
     deepspeed = levers.distributed_type.startswith("zero")
     weights = qlora_weight_bytes(shape, b) if levers.model == "qlora" else params * b

@@ -183,18 +183,15 @@ def qlora_weight_bytes(shape: Shape, b: int) -> float:
     return (shape.param_count() - kept) * NF4_BYTES_PER_PARAM + kept * b
 
 
-PEFT_MODELS = ("lora", "qlora")  # the model levers that train adapters over a frozen base
-
-
 def trainable_params(shape: Shape, levers: Levers) -> int:
     """Parameters the optimizer steps: the adapters under (Q)LoRA, else every one."""
-    return lora_params(shape, levers.lora_r) if levers.model in PEFT_MODELS else shape.param_count()
+    return lora_params(shape, levers.lora_r) if levers.peft else shape.param_count()
 
 
 def trainable_element_bytes(levers: Levers, dtype: str) -> int:
     """Bytes per trainable element (its gradient and its AdamW states too): PEFT keeps adapters in fp32 over
     a 16-bit base."""
-    return 4 if levers.model in PEFT_MODELS else DTYPE_BYTES[dtype]
+    return 4 if levers.peft else DTYPE_BYTES[dtype]
 
 
 def lora_params(shape: Shape, rank: int) -> int:

@@ -37,7 +37,7 @@ from benchmarks.model.estimate import (
     layer_activation_bytes,
     qlora_weight_bytes,
 )
-from benchmarks.model.terms import PEFT_MODELS, trainable_element_bytes, trainable_params
+from benchmarks.model.terms import trainable_element_bytes, trainable_params
 
 # pace._torch_work: 8 rounds of 4 (576 x 1536) linears on 512 rows, forward (4 matmuls) and backward (4 weight
 # gradients, 3 input gradients: the first layer's input needs none), 2 FLOPs a multiply-add.
@@ -114,7 +114,7 @@ def attention_flops(shape: Shape, sequences: int, length: int) -> float:
 
 def eager_passes(shape: Shape, levers: Levers, passes: float) -> Work:
     """``passes`` of every layer run eagerly, each of its LoRA adapters too under PEFT."""
-    adapters = len(LORA_TARGETS) if levers.model in ("lora", "qlora") else 0
+    adapters = len(LORA_TARGETS) if levers.peft else 0
     return Work(
         layer_passes=shape.num_hidden_layers * passes, adapter_passes=shape.num_hidden_layers * adapters * passes
     )
@@ -162,7 +162,7 @@ def training_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> d
     forward = Work(
         flops=2 * matmul_params(shape) * sequences * length + attention_flops(shape, sequences, length)
     ) + eager_passes(shape, levers, micro_batches)
-    peft = levers.model in ("lora", "qlora")
+    peft = levers.peft
     # forward, input gradients, weight gradients (not under PEFT), and a recompute with checkpointing
     passes = 2 + (0 if peft else 1) + (1 if levers.gradient_checkpointing else 0)
     out = {"forward_backward": forward * passes}
@@ -201,7 +201,7 @@ def faulted_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> di
     touch, each step: forward and backward's activations (made again by checkpointing's recompute) and the
     gradients, the optimizer's temporaries (two a parameter in AdamW's update)."""
     b = DTYPE_BYTES[dtype]
-    peft = levers.model in PEFT_MODELS
+    peft = levers.peft
     trainable = trainable_params(shape, levers) * trainable_element_bytes(levers, dtype)
     positions = work.rollout_sequences * (work.prompt_tokens + work.completion_tokens)
     layer = layer_activation_bytes(shape, b, peft, lora_r=levers.lora_r)

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from benchmarks.catalog.levers import GUIDE_LEVERS, GUIDE_PROMPT_TOKENS
+from benchmarks.catalog.levers import GUIDE_LEVERS, GUIDE_PROMPT_TOKENS, MODELS
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model.estimate import GIB, GPU_COUNTS, Workload, engine_need, estimate, on_gpus
 from benchmarks.model.timing import GPU_ASSUMPTIONS, Rates
@@ -102,7 +102,7 @@ def _lever_label(levers: Levers) -> str:
 def _lightness(levers: Levers) -> tuple:
     """Fewer levers engaged first: full before LoRA before QLoRA, then optimizer, checkpointing, sleep."""
     return (
-        ("full", "lora", "qlora").index(levers.model),
+        MODELS.index(levers.model),
         levers.optim.endswith("8bit"),
         levers.gradient_checkpointing,
         levers.vllm_enable_sleep_mode,

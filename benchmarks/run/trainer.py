@@ -62,7 +62,7 @@ def load_policy(job: Job, cuda: bool) -> tuple[Any, Any]:
             full_finetuning=levers.model == "full",
             use_gradient_checkpointing="unsloth" if gc else False,
         )
-        if levers.model in ("lora", "qlora"):
+        if levers.peft:
             model = FastLanguageModel.get_peft_model(
                 model,
                 r=levers.lora_r,
@@ -74,7 +74,7 @@ def load_policy(job: Job, cuda: bool) -> tuple[Any, Any]:
 
     load: dict[str, Any] = {"dtype": dtype}
     peft_config = None
-    if levers.model in ("lora", "qlora"):
+    if levers.peft:
         from peft import LoraConfig
 
         peft_config = LoraConfig(r=levers.lora_r, lora_alpha=2 * levers.lora_r, target_modules="all-linear")
