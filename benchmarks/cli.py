@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 
 from benchmarks import REPO, summaries
-from benchmarks.catalog import profiles
+from benchmarks.catalog import machines, profiles
 from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.catalog.levers import GUIDE_PROMPT_TOKENS
 from benchmarks.estimating import run_estimate
-from benchmarks.model import estimate
+from benchmarks.model import estimate, fit
 from benchmarks.report import compare, figures, site, tables
 from benchmarks.results import schema
 from benchmarks.run import context, decode, devices, grpo, machine, pace, worker
@@ -48,8 +48,9 @@ def detect(nvml: object = None) -> tuple[str, str | None, str]:
     if not gpus:
         return "cpu", None, "no CUDA device (NVML sees none)"
     first = gpus[0]
-    profile, hardware = devices.classify(first.name, first.memory_gib)
-    return profile, hardware, f"CUDA device {first.name} ({first.memory_gib:g} GiB, {first.memory_source})"
+    profile, hardware = machines.classify(first.name, first.memory_gib, len(gpus))
+    many = f"{len(gpus)} CUDA devices, the first" if len(gpus) > 1 else "CUDA device"
+    return profile, hardware, f"{many} {first.name} ({first.memory_gib:g} GiB, {first.memory_source})"
 
 
 def chosen_profile(name: str | None, hardware: str | None, quick: bool = False) -> profiles.Profile:
@@ -383,6 +384,8 @@ def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "and no GRPO configuration"
         )
     print(f"profile {profile.name}{' (quick)' if args.quick else ''}: {profile.question}")
+    for predicted in fit.predicted_fits(profile):
+        print(f"  the memory model: {predicted.line()}")
     fix_malloc_thresholds(profile)
     started = time.monotonic()
     calibration = pace.calibrate()
@@ -404,6 +407,7 @@ def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             estimated_s=estimated.seconds,
             reference=estimated.reference,
             scale=estimated.scale,
+            predicted=estimated.predicted,
         )
         if number == len(parts):  # the last part's file holds the whole run's time and targets
             record.run_s, record.run_estimated_s = ended - started, pace.whole_estimate(estimates)

@@ -15,7 +15,9 @@ import psutil
 import pytest
 
 from benchmarks import cli
+from benchmarks.catalog import machines
 from benchmarks.catalog import profiles as profile
+from benchmarks.report import sizing
 from benchmarks.results import schema
 from benchmarks.run import configuration, devices, grpo, worker
 from benchmarks.run.job import Job
@@ -26,7 +28,8 @@ GIB = 2**30
 
 class FakeNVML:
     """pynvml's calls the suite makes, over a list of devices: {name, uuid, total, used, processes}
-    (processes: pid -> bytes, or a callable giving that); ``unified`` devices answer NOT_SUPPORTED."""
+    (processes: pid -> bytes, or a callable giving that); ``unified`` devices answer NOT_SUPPORTED for their
+    memory and, as GB10 does, answer the per-process query."""
 
     class NVMLError(Exception):
         pass
@@ -60,8 +63,6 @@ class FakeNVML:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list:  # noqa: N802
         gpu = self.gpus[handle]
-        if gpu.get("unified"):
-            raise self.NVMLError_NotSupported("Not Supported")
         processes = gpu.get("processes", {})
         processes = processes() if callable(processes) else processes
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in processes.items()]
@@ -80,7 +81,7 @@ def gpu(name: str, memory_gib: float, index: int = 0, **more) -> dict:
         ("NVIDIA GeForce RTX 4090", 23.99, ("24gb", "rtx4090")),
         ("NVIDIA L4", 22.49, ("24gb", "l4")),
         ("NVIDIA A10G", 22.49, ("24gb", "a10g")),
-        ("NVIDIA H100 80GB HBM3", 79.65, ("gpu", "h100")),
+        ("NVIDIA H100 80GB HBM3", 79.65, ("h100", "h100")),
         ("NVIDIA A100-SXM4-80GB", 80.0, ("gpu", "a100-80")),
         ("NVIDIA A100-SXM4-40GB", 40.0, ("gpu", "a100-40")),
         ("NVIDIA RTX A5000", 23.99, ("24gb", "gpu")),  # a 24 GB card by its memory
@@ -88,7 +89,7 @@ def gpu(name: str, memory_gib: float, index: int = 0, **more) -> dict:
     ],
 )
 def test_a_device_gets_its_profile_and_hardware_class(name, memory_gib, expected):
-    assert devices.classify(name, memory_gib) == expected
+    assert machines.classify(name, memory_gib) == expected
     chosen = profile.load(expected[0], hardware=expected[1])
     assert chosen.hardware == expected[1] and chosen.hardware in profile.load_hardware()
 
@@ -149,6 +150,10 @@ say(event="versions", versions={"stand-in": "1"})
 if os.environ.get("CUDA_VISIBLE_DEVICES") and not os.environ.get("STAND_IN_CPU_TORCH"):  # as the worker on CUDA
     say(event="device", name="stand-in", total_bytes=140 * 2**30)
 say(event="phase", phase="setup")
+if "STAND_IN_MEMINFO" in os.environ:  # the host's unified pool as the worker leaves it: MemAvailable in GiB
+    available = int(os.environ["STAND_IN_AVAILABLE_GIB"]) << 20
+    with open(os.environ["STAND_IN_MEMINFO"], "w") as meminfo:
+        meminfo.write(f"MemTotal: {128 << 20} kB\\nMemAvailable: {available} kB\\n")
 time.sleep(float(os.environ.get("STAND_IN_HANG_S", 0)))
 if "STAND_IN_ENGINE_LOG" in os.environ:  # vLLM's engine process logs why it refused; the worker sees another error
     print(os.environ["STAND_IN_ENGINE_LOG"], flush=True)
@@ -244,17 +249,64 @@ def test_on_cuda_the_budget_caps_the_worker_s_allocator_and_never_stops_it_by_ho
     assert on_cpu.status == "oom" and "budget" in on_cpu.reason
 
 
-def test_a_worker_that_did_not_run_on_the_gpu_is_headlined_by_host_rss(tmp_path, stand_in, monkeypatch):
+def test_a_worker_placed_on_a_gpu_that_trains_without_cuda_is_an_error_never_a_gpu_cell(
+    tmp_path, stand_in, monkeypatch, grpo_run
+):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    nvml = FakeNVML(gpu("NVIDIA H200", 140.4, processes={1: 50 * GIB}))
-    # a CPU build of torch on a GPU machine: NVML sees the GPU, the worker never touches it
+    nvml = FakeNVML(gpu("NVIDIA H100 80GB HBM3", 79.65, processes={1: 50 * GIB}))
+    # a CPU build of torch, or a driver too old for its CUDA: NVML sees the GPU, the worker never touches it
     monkeypatch.setenv("STAND_IN_CPU_TORCH", "1")
     record = configuration.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=nvml)
+    assert record.status == "error" and "without CUDA" in record.reason and "H100" in record.reason
     assert record.summary.peak_measure == schema.HOST_RSS and record.steps[0].peak_device_bytes is None
+    ran = grpo_run(configurations=[schema.Configuration(name="base", levers={}, **vars(record))], complete=True)
+    ran.profile.hardware = "h100"
+    path = tmp_path / "runs" / "h100" / "20261202T000000Z-grpo.json"
+    path.parent.mkdir(parents=True)
+    schema.write(path, ran)
+    assert sizing.measured_cells(schema.load_results(tmp_path / "runs")) == {}  # never a measured H100 cell
     monkeypatch.delenv("STAND_IN_CPU_TORCH")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CUDA is given no device at all
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CUDA is given no device at all: a CPU run, as asked
     record = configuration.run_configuration(job(tmp_path), None, tmp_path / "w2.log", python=stand_in, nvml=nvml)
-    assert record.summary.peak_measure == schema.HOST_RSS and record.harness.gpus == []
+    assert record.status == "ok" and record.summary.peak_measure == schema.HOST_RSS and record.harness.gpus == []
+
+
+def on_unified_memory(tmp_path, monkeypatch, available_gib: int) -> FakeNVML:
+    """A GB10 whose host has 120 of 128 GiB available before the worker, and ``available_gib`` once it has set
+    up; NVML lists the worker tree's processes at 1 GiB each."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal: {128 << 20} kB\nMemAvailable: {120 << 20} kB\n")
+    monkeypatch.setattr(devices, "MEMINFO", meminfo)
+    monkeypatch.setenv("STAND_IN_MEMINFO", str(meminfo))
+    monkeypatch.setenv("STAND_IN_AVAILABLE_GIB", str(available_gib))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def ours() -> dict[int, int]:
+        return {p.pid: GIB for p in psutil.Process().children(recursive=True)}
+
+    return FakeNVML(gpu("NVIDIA GB10", 0, unified=True, processes=ours))
+
+
+def test_on_unified_memory_the_headline_is_the_pool_s_use_with_nvml_s_per_process_figure_beside(
+    tmp_path, stand_in, monkeypatch
+):
+    nvml = on_unified_memory(tmp_path, monkeypatch, available_gib=100)  # 20 GiB above the baseline
+    record = configuration.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=nvml)
+    assert record.status == "ok", record
+    step = record.steps[0]
+    assert step.peak_device_bytes["rollout"] == 20 * GIB == record.summary.peak_bytes
+    assert step.peak_device_process_bytes["rollout"] in (GIB, 2 * GIB)  # NVML's per-process figure, beside it
+    assert "unified memory" in record.summary.peak_measure and "per-process" in record.summary.peak_measure
+
+
+def test_on_unified_memory_crossing_the_floor_stops_the_configuration_as_oom(tmp_path, stand_in, monkeypatch):
+    nvml = on_unified_memory(tmp_path, monkeypatch, available_gib=4)  # under the Spark's floor
+    monkeypatch.setenv("STAND_IN_HANG_S", "30")
+    started = time.monotonic()
+    record = configuration.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=nvml)
+    floor = profile.load_hardware()["spark"].unified_floor_gib
+    assert record.status == "oom" and record.phase == "setup" and f"{floor:g} GiB floor" in record.reason
+    assert time.monotonic() - started < 20  # stopped at once, not at the end of its hang
 
 
 def test_on_cpu_the_headline_peak_is_host_rss(tmp_path, stand_in):
@@ -416,7 +468,7 @@ def catalog_with_a_new_class(tmp_path, monkeypatch):
 
 
 def test_a_new_hardware_class_is_one_catalog_entry(catalog_with_a_new_class, capsys):
-    assert devices.classify("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 94.97) == ("gpu", "rtx-pro-6000")
+    assert machines.classify("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 94.97) == ("gpu", "rtx-pro-6000")
     assert profile.load("gpu", hardware="rtx-pro-6000").hardware == "rtx-pro-6000"
     cli.main(["estimate", "--shape", "8b", "--hardware", "rtx-pro-6000", "--levers", "model=lora"])
     out = capsys.readouterr().out
@@ -425,5 +477,16 @@ def test_a_new_hardware_class_is_one_catalog_entry(catalog_with_a_new_class, cap
 
 def test_every_catalogued_class_names_a_profile_that_runs_on_it():
     for name, hardware in profile.load_hardware().items():
-        if hardware.profile:
-            assert profile.load(hardware.profile, hardware=name).hardware == name
+        for each in filter(None, (hardware.profile, hardware.node_profile)):
+            assert profile.load(each, hardware=name).hardware == name
+        for each in hardware.cluster_profiles:
+            assert profile.load(each).parts == ("distributed",)
+
+
+def test_several_gpus_of_a_class_with_a_node_profile_run_it(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml = FakeNVML(*(gpu("NVIDIA H100 80GB HBM3", 79.65, index=i) for i in range(8)))
+    assert cli.detect(nvml)[:2] == ("h100-node", "h100")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # one of them: one GPU's profile
+    assert cli.detect(nvml)[:2] == ("h100", "h100")
+    assert machines.classify("NVIDIA H200", 140.4, gpus=8) == ("h200", "h200")  # a class without a node profile

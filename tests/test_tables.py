@@ -31,6 +31,8 @@ def grpo_file(
     by_phase = {"rollout": int(0.5 * peak_gib * GIB), "forward_backward": int(peak_gib * GIB)}
     step = schema.Step(step=0, warmup=False, wall_s=3.0, phase_s={"rollout": 1.0, "forward_backward": 2.0})
     step.peak_rss_bytes = by_phase
+    on_gpu = hardware != "cpu"  # a GPU row is headlined by device memory, as the harness records it there
+    step.peak_device_bytes = by_phase if on_gpu else None
     summary = schema.Summary(
         measured_steps=1,
         step_s_median=3.0,
@@ -40,7 +42,7 @@ def grpo_file(
         phase_s_median=step.phase_s,
         peak_bytes=by_phase["forward_backward"],
         peak_bytes_by_phase=by_phase,
-        peak_measure=schema.HOST_RSS,
+        peak_measure="device memory held by the worker's processes (NVML usedGpuMemory)" if on_gpu else schema.HOST_RSS,
         peak_rss_bytes=by_phase["forward_backward"],
         peak_rss_bytes_by_phase=by_phase,
         peak_repeat_spread=0.0,

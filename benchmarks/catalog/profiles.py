@@ -100,10 +100,16 @@ class Hardware:
     host_link_gb_s: float | None = None  # device <-> host, one direction
     gpu_link_gb_s: float | None = None  # GPU <-> GPU in one machine, one direction (None: through the host link)
     link_source: str | None = None
-    # Detection (benchmarks.run.devices.classify): words of a CUDA device's name that make it this class (the
-    # closest memory wins among classes sharing one), and the profile such a machine runs by default
+    # Detection (benchmarks.catalog.machines.classify): words of a CUDA device's name that make it this class (the
+    # closest memory wins among classes sharing one), the profile such a machine runs by default, the one it runs
+    # where several of its GPUs are visible, and the profiles a person with four or more of them is pointed to
     device_names: tuple[str, ...] = ()
     profile: str | None = None
+    node_profile: str | None = None
+    cluster_profiles: tuple[str, ...] = ()
+    # Unified memory (the host's and the GPU's one pool): the worker tree is stopped, and recorded as oom, when
+    # the host's MemAvailable falls below this, before the machine itself runs out
+    unified_floor_gib: float | None = None
 
 
 FORMATS = ("str", "conversational")
@@ -112,6 +118,7 @@ PARTS = ("rewards", "decode", "grpo", "distributed")
 GRPO_PARTS = ("grpo", "distributed")  # parts that run GRPO configurations
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHTS = ("saved", "on-device")  # benchmarks.run.model_dirs.materialise
+ENGINE_SHARES = ("levers", "rollout")  # GrpoBench.engine_share
 # transformers generate eager; with a static KV cache and CUDA graphs; vLLM
 DECODE_ENGINES = ("transformers", "transformers-graphs", "vllm")
 
@@ -131,6 +138,9 @@ class GrpoBench:
     # saved: random weights written once to a model directory (vLLM loads it); on-device: made by each
     # worker on its device from the shape, nothing on disk (the 32B and 70B classes; no vLLM)
     weights: str = "saved"
+    # levers: a colocated engine's share is vllm_gpu_memory_utilization as given (TRL's 0.3 by default); rollout:
+    # the memory model sizes it to the rollout (its weights, KV cache and overheads, 10% slack) on this class
+    engine_share: str = "levers"
 
 
 @dataclass(frozen=True)
@@ -266,7 +276,13 @@ def _read(path: Path) -> dict:
         raise ProfileError(f"{path}: not valid TOML: {error}") from None
 
 
-CATALOGS = ("hardware", "shapes", "contenders")  # tables of classes and stacks, not run profiles
+CATALOGS = (
+    "hardware",
+    "shapes",
+    "contenders",
+    "stacks",
+    "machines",
+)  # tables of classes, stacks and machines, not run profiles
 
 
 def available(directory: Path = PROFILES_DIR) -> list[str]:
@@ -279,11 +295,7 @@ def load(name: str, quick: bool = False, directory: Path = PROFILES_DIR, hardwar
     path = directory / f"{name}.toml"
     if not path.is_file():
         raise ProfileError(f"no profile {name!r} in {directory} (have: {', '.join(available(directory)) or 'none'})")
-    base, own = _read(directory / f"{BASE}.toml"), _read(path)
-    for data, file in ((base, directory / f"{BASE}.toml"), (own, path)):
-        if "quick" in data and not isinstance(data["quick"], dict):
-            raise ProfileError(f"{file}: quick: expected a table")
-    data = _merge(base, own)
+    data = _inherited(path, directory, seen=(name,))
     if hardware is not None:
         data["hardware"] = hardware
     overlay = data.pop("quick", {})
@@ -294,6 +306,23 @@ def load(name: str, quick: bool = False, directory: Path = PROFILES_DIR, hardwar
     if not quick:
         _build(Profile, _merge({"name": name, **data}, overlay), f"{path} [quick]")  # the overlay must be valid too
     return profile
+
+
+def _inherited(path: Path, directory: Path, seen: tuple[str, ...]) -> dict:
+    """A profile's table over what it ``inherits``: another profile (itself resolved the same way), else
+    ``base.toml``."""
+    own = _read(path)
+    if "quick" in own and not isinstance(own["quick"], dict):
+        raise ProfileError(f"{path}: quick: expected a table")
+    parent = own.pop("inherits", BASE)
+    if not isinstance(parent, str) or not (directory / f"{parent}.toml").is_file() or parent in seen:
+        raise ProfileError(f"{path}: inherits: {parent!r} is not another profile of {directory}")
+    if parent == BASE:
+        base = _read(directory / f"{BASE}.toml")
+        if "quick" in base and not isinstance(base["quick"], dict):
+            raise ProfileError(f"{directory / BASE}.toml: quick: expected a table")
+        return _merge(base, own)
+    return _merge(_inherited(directory / f"{parent}.toml", directory, (*seen, parent)), own)
 
 
 def _check(profile: Profile, file: str) -> None:
@@ -365,6 +394,10 @@ def _check_grpo(grpo: GrpoBench, file: str, part: str) -> None:
     _check_shape_and_dtype(part, grpo.shape, grpo.dtype, file)
     if grpo.weights not in WEIGHTS:
         raise ProfileError(f"{file}: {part}.weights: {grpo.weights!r} is not one of {', '.join(WEIGHTS)}")
+    if grpo.engine_share not in ENGINE_SHARES:
+        raise ProfileError(
+            f"{file}: {part}.engine_share: {grpo.engine_share!r} is not one of {', '.join(ENGINE_SHARES)}"
+        )
     _positive(grpo, ("measured_steps", "prompt_words", "memory_budget_gib", "configuration_timeout_s"), file, part)
     if grpo.warmup_steps < 0:
         raise ProfileError(f"{file}: {part}.warmup_steps: must be at least 0, got {grpo.warmup_steps}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from benchmarks.catalog.profiles import Hardware, Levers
+from benchmarks.catalog.profiles import GrpoBench, Hardware, Levers
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.bandwidth import kv_bytes_per_token
 from benchmarks.model.terms import (
@@ -77,6 +77,8 @@ __all__ = [
     "ZERO_STAGE",
     "RankModelStates",
     "largest_layer_params",
+    "engine_sized_to_rollout",
+    "as_run",
 ]
 
 
@@ -445,3 +447,24 @@ def on_gpus(levers: Levers, count: int) -> Levers:
         distributed_type="no" if count == 1 else kind,
         vllm_tensor_parallel_size=tp if ranks % tp == 0 else 1,
     )
+
+
+def engine_sized_to_rollout(shape: Shape, dtype: str, levers: Levers, work: Workload, hardware: Hardware) -> Levers:
+    """A colocated engine's share sized to the rollout: its weights in its own precision (4-bit for QLoRA, as TRL
+    starts it), the workload's KV cache and vLLM's overheads, with 10% slack (at most 0.95 of the device)."""
+    need = engine_need(shape, dtype, levers, work).total
+    return replace(levers, vllm_gpu_memory_utilization=min(0.95, 1.1 * need / (hardware.memory_gib * GIB)))
+
+
+def as_run(bench: GrpoBench, levers: Levers, shape: Shape, hardware: Hardware) -> Levers:
+    """The levers as a run of ``bench`` hands them to the trainer: an unset ``vllm_max_model_length`` becomes the
+    workload's prompt + completion (+ 8 for special tokens), so that vLLM reserves KV for this run's sequences and
+    not the shape's whole context; with ``engine_share = "rollout"``, a colocated engine on a GPU of known memory
+    gets the share its rollout needs."""
+    if levers.vllm_max_model_length is None:
+        levers = replace(levers, vllm_max_model_length=bench.prompt_words + levers.max_completion_length + 8)
+    colocated = levers.use_vllm and levers.vllm_mode == "colocate" and hardware.gpu_class != "cpu"
+    if bench.engine_share == "rollout" and colocated and hardware.memory_gib:
+        work = Workload.from_levers(levers, bench.prompt_words)
+        levers = engine_sized_to_rollout(shape, bench.dtype, levers, work, hardware)
+    return levers

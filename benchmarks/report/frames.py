@@ -11,7 +11,7 @@ import pandas as pd
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
 from benchmarks.model.estimate import rank_model_states
 from benchmarks.report.validation import PHASE_ORDER, Check
-from benchmarks.results.schema import ContextFile, DecodeFile, Rank, Result, RewardsFile, Summary
+from benchmarks.results.schema import Configuration, ContextFile, DecodeFile, Rank, Result, RewardsFile, Summary
 
 
 def gpu_class(hardware: str) -> str:
@@ -44,7 +44,7 @@ def configurations(results: list[Result]) -> pd.DataFrame:
                     "number": number,
                     "name": configuration.name,
                     "levers": configuration.lever_values,
-                    "change": lever_change(configuration.lever_values, base),
+                    "change": lever_change(configuration.lever_values, base) + held_gpus(configuration),
                     "status": configuration.status,
                     "step_s": summary.step_s_median if summary else None,
                     "step_s_min": summary.step_s_min if summary else None,
@@ -57,6 +57,12 @@ def configurations(results: list[Result]) -> pd.DataFrame:
                 }
             )
     return pd.DataFrame(rows)
+
+
+def held_gpus(configuration: Configuration) -> str:
+    """How many GPUs a configuration held, where more than one (a vLLM server's beside the trainer's)."""
+    held = len(configuration.harness.gpus) if configuration.harness else 0
+    return f" (over {held} GPUs)" if held > 1 else ""
 
 
 def lever_change(levers: Levers, base: Levers) -> str:

@@ -10,11 +10,11 @@ import pandas as pd
 
 from benchmarks.catalog.levers import GUIDE_LEVERS, GUIDE_PROMPT_TOKENS, MODELS
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
-from benchmarks.model.estimate import GIB, GPU_COUNTS, Workload, engine_need, estimate, on_gpus
+from benchmarks.model.estimate import GIB, GPU_COUNTS, Workload, engine_sized_to_rollout, estimate, on_gpus
 from benchmarks.model.timing import GPU_ASSUMPTIONS, Rates
 from benchmarks.report import frames, time_tables
 from benchmarks.report.time_validation import FITTED_TIME_FILES
-from benchmarks.results.schema import Result
+from benchmarks.results.schema import HOST_RSS, Result
 
 GUIDE_ANCHORS = ("24gb", "h200", "b200")  # the classes the guide's table names: always shown
 CLASS_NAMES = {"24gb": "24GB-class", "a100": "A100-class", "h100": "H100-class", "h200": "H200-class"}
@@ -61,10 +61,8 @@ def hardware_for(gpu_class: str, catalog: dict[str, Hardware]) -> tuple[str, Har
 
 
 def vllm_share(levers: Levers, shape_name: str, hardware: Hardware) -> Levers:
-    """The engine sized to the rollout: its weights in its own precision (4-bit for QLoRA, as TRL
-    starts it), the KV cache of the workload and vLLM's overheads, 10% slack."""
-    need = engine_need(load_shapes()[shape_name], SIZING_DTYPE, levers, SIZING_WORKLOAD).total
-    return replace(levers, vllm_gpu_memory_utilization=min(0.95, 1.1 * need / (hardware.memory_gib * GIB)))
+    """The engine sized to the guide's rollout (``estimate.engine_sized_to_rollout``)."""
+    return engine_sized_to_rollout(load_shapes()[shape_name], SIZING_DTYPE, levers, SIZING_WORKLOAD, hardware)
 
 
 def ladder(hardware: Hardware) -> list[tuple[str, dict]]:
@@ -115,7 +113,9 @@ def measured_cells(results: list[Result]) -> dict[tuple[str, str], tuple[str, st
     configurations = frames.configurations([r for r in results if not r.quick])
     if configurations.empty:
         return {}
-    ran = configurations[configurations.status.isin(["ok", "oom"])].copy()
+    ran = configurations[configurations.status.isin(["ok", "oom"])]
+    # a GPU class's row headlined by host RSS trained on the CPU (files from before the worker's check): not a cell
+    ran = ran[(ran.gpu_class == "cpu") | (ran.status == "oom") | (ran.peak_measure != HOST_RSS)].copy()
     ran["lightness"], ran["label"] = ran.levers.map(_lightness), ran.levers.map(_lever_label)
     cells: dict[tuple[str, str], tuple[str, str]] = {}
     for (shape, size, file, date), group in ran.sort_values("date", kind="stable").groupby(

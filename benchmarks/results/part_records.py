@@ -80,6 +80,11 @@ class DecodePoint:
     within_ceiling: bool | None = None
     efficiency_vs_spec: float | None = None
 
+    @property
+    def launch_bound(self) -> bool:
+        """A CUDA row whose speed is its kernel launches' (eager), not its bandwidth."""
+        return "kernel launches" in (self.execution or "")
+
 
 @dataclass(kw_only=True)
 class DecodeFile(RunFile):

@@ -130,12 +130,13 @@ class Pace:
 
     calibration: Calibration
     part_s: float
-    estimated_s: float | None  # None: no earlier run of this profile and part here to scale
-    reference: str | None  # the result file the estimate scaled, under results/runs
+    estimated_s: float | None  # None: no earlier run of this profile and part here to scale, and no prediction
+    reference: str | None  # the result file the estimate scaled, under results/runs (None: predicted, or none)
     scale: float | None = None  # this machine's calibration over the reference's, for this part
     run_s: float | None = None
     run_estimated_s: float | None = None
     run_targets: list[Target] = field(default_factory=list)
+    predicted: bool = False  # the estimate came from the time model (a first run on a GPU class), not a reference
 
 
 @dataclass(kw_only=True)
@@ -199,6 +200,8 @@ class Step:
     peak_rss_bytes: dict[str, int] = field(default_factory=dict)
     peak_device_bytes: dict[str, int] | None = None
     peak_device_used_bytes: dict[str, int] | None = None
+    # unified memory: NVML's usedGpuMemory of the worker's processes, beside the pool's use (the headline)
+    peak_device_process_bytes: dict[str, int] | None = None
 
     @property
     def peaks(self) -> dict[str, int]:

@@ -123,7 +123,8 @@ def run_configuration(
     if isinstance(placed, schema.WorkerRecord):
         return placed
     job, env, used = placed
-    device = devices.DeviceMemory(nvml, used) if used else None  # its baseline: before the worker starts
+    # its baseline: before the worker starts
+    device = devices.DeviceMemory(nvml, used, floor_gib=devices.unified_floor_gib(used)) if used else None
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as scratch:
         channel = Channel(Path(scratch) / "channel")
         job_path = Path(scratch) / "job.json"
@@ -133,6 +134,12 @@ def run_configuration(
         run = _run_launcher([*prefix, *argv], env, log_path, channel, None if used else budget_bytes, device, timeout_s)
     record = _record(run.heard, run.sampler, device, levers, log_path, run.returncode)
     _verdict(record, run, timeout_s, budget_bytes)
+    if used and record.status == "ok" and not run.heard.on_cuda:
+        record.status = "error"
+        record.reason = (
+            f"placed on {len(used)} GPU(s) ({used[0].name}), the worker trained without CUDA: torch in the worker "
+            "found no usable device (a CPU build of torch, or a driver older than its CUDA); not a GPU measurement"
+        )
     if config is not None or levers.num_machines > 1:
         record.distribution = _distribution(run.heard, levers, config)
     sampler = run.sampler
@@ -243,6 +250,13 @@ def _verdict(record: schema.WorkerRecord, run: LauncherRun, timeout_s: float | N
             sampler.where.get(min(run.heard.hellos, default=None), (None, "setup"))[1],
         )
         record.reason = f"still running after the configuration's limit of {timeout_s:g} s; the worker tree was stopped"
+    elif sampler.over_budget is not None and sampler.below_floor:
+        record.status, record.phase = "oom", sampler.over_budget[1]
+        floor = sampler.device.floor_bytes / GIB
+        record.reason = (
+            f"unified memory: the host's available memory fell under the {floor:g} GiB floor; the worker tree was "
+            "stopped before the machine ran out"
+        )
     elif sampler.over_budget is not None:
         record.status, record.phase = "oom", sampler.over_budget[1]
         record.reason = f"worker tree RSS passed the {budget_bytes / GIB:.1f} GiB budget"
@@ -302,22 +316,32 @@ def _rank_records(
     for rank in sorted(set(heard.hellos)):
         steps = heard.steps.get(rank, [])
         rss, held = sampler.rank_peaks(rank)
-        device_peaks = held
-        if on_device and not held and not many:
-            device_peaks = sampler.device_used_peaks
-        if on_device:
-            measure = (
-                "device memory held by the worker's processes (NVML usedGpuMemory)"
-                if held
-                else f"device memory used above the baseline ({device.source})"
-            )
+        device_peaks, measure = _device_headline(device, sampler, held, many) if on_device else (held, measure)
         for step in steps:
             step.peak_rss_bytes = _per_step(rss, step.step)
             if on_device:
                 step.peak_device_bytes = _per_step(device_peaks, step.step)
                 step.peak_device_used_bytes = _per_step(sampler.device_used_peaks, step.step)
+                step.peak_device_process_bytes = _per_step(held, step.step) if device.unified and held else None
         ranks.append(schema.Rank(rank=rank, summary=summarise(steps, measure)))
     return ranks, measure
+
+
+def _device_headline(
+    device: devices.DeviceMemory, sampler: MemorySampler, held: dict, many: bool
+) -> tuple[dict[tuple[int | None, str], int], str]:
+    """A rank's headline device peaks and what they measure: on unified memory the pool's use above the baseline
+    (the worker's CPU-side memory is in the same pool; NVML's per-process figure is kept beside it); else its
+    processes' NVML usedGpuMemory, or where NVML lists none of them the devices' use above the baseline."""
+    if device.unified and not many:
+        return sampler.device_used_peaks, (
+            f"unified memory used above the baseline ({device.source}); NVML's per-process usedGpuMemory beside it"
+        )
+    if held:
+        return held, "device memory held by the worker's processes (NVML usedGpuMemory)"
+    if many:
+        return held, f"device memory used above the baseline ({device.source})"
+    return sampler.device_used_peaks, f"device memory used above the baseline ({device.source})"
 
 
 def _ending(
@@ -389,6 +413,7 @@ def merged_steps(per_rank: list[list[schema.Step]]) -> list[schema.Step]:
                 peak_rss_bytes=largest(lambda s: s.peak_rss_bytes),
                 peak_device_bytes=largest(lambda s: s.peak_device_bytes),
                 peak_device_used_bytes=largest(lambda s: s.peak_device_used_bytes),
+                peak_device_process_bytes=largest(lambda s: s.peak_device_process_bytes),
             )
         )
     return merged

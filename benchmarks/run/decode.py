@@ -120,11 +120,6 @@ def execution(engine: str, cuda: bool) -> str:
     return "eager (transformers generate): bound by kernel launches, not bandwidth" if cuda else "eager"
 
 
-def launch_bound(point: schema.DecodePoint) -> bool:
-    """A CUDA row whose speed is its kernel launches' (eager): no figure against the bandwidth spec."""
-    return "kernel launches" in (point.execution or "")
-
-
 def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], None]) -> None:
     import torch
 
@@ -244,7 +239,7 @@ def _row(measured: dict, ceiling: schema.BestKernel, spec_gb_s: float | None) ->
     row = schema.decode(schema.DecodePoint, {**measured, "status": "ok"}, f"decode {measured['engine']}")
     row.efficiency_vs_ceiling = row.achieved_gb_s / ceiling.median_gb_s
     row.within_ceiling = row.achieved_gb_s <= ceiling.max_gb_s  # the median plus the probe's spread
-    row.efficiency_vs_spec = row.achieved_gb_s / spec_gb_s if spec_gb_s and not launch_bound(row) else None
+    row.efficiency_vs_spec = row.achieved_gb_s / spec_gb_s if spec_gb_s and not row.launch_bound else None
     return row
 
 

@@ -12,7 +12,11 @@ Device memory of a run is read two ways and both are kept:
 
 On unified-memory devices (DGX Spark's GB10) NVML answers NOT_SUPPORTED for memory: the device's
 capacity is then ``/proc/meminfo``'s MemTotal and its use MemTotal - MemAvailable, and the
-result file says so.
+result file says so. There the pool's use above the baseline is the run's footprint (its CPU-side
+memory lives in the same pool), while NVML's per-process figure, which GB10 does answer, counts its
+device allocations only: the first is the headline, the second stands beside it. A floor on
+MemAvailable (``unified_floor_gib`` of the device's class) stops the worker tree before the host runs
+out, since running unified memory out can wedge the whole machine instead of raising an error.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.catalog.machines import classify
 from benchmarks.catalog.profiles import load_hardware
 from benchmarks.results import schema
 
@@ -99,24 +104,6 @@ def visible_gpus(nvml: Any = None) -> list[schema.Gpu]:
     return visible(describe(load_nvml() if nvml is None else nvml))
 
 
-def classify(name: str, memory_gib: float) -> tuple[str, str]:
-    """(profile, hardware class) for a CUDA device: the class of ``profiles/hardware.toml`` whose
-    ``device_names`` has a word of ``name`` (the closest memory among several), and its profile; else a
-    24 GB card's profile, or the ``gpu`` profile, on the generic ``gpu`` class (its memory: the device's own,
-    in the result file)."""
-    named = [
-        (key, hardware)
-        for key, hardware in load_hardware().items()
-        if any(re.search(rf"\b{re.escape(word)}\b", name) for word in hardware.device_names)
-    ]
-    if named:
-        key, hardware = min(named, key=lambda item: abs(item[1].memory_gib - memory_gib))
-        return hardware.profile or "gpu", key
-    if 20 <= memory_gib <= 26:
-        return "24gb", "gpu"
-    return "gpu", "gpu"
-
-
 @dataclass
 class Split:
     """The GPUs of one machine's launch: the trainer's ranks' and ``trl vllm-serve``'s, as
@@ -147,11 +134,12 @@ class DeviceMemory:
     """Device memory held by a process tree on the GPUs it uses; baseline read at construction,
     before the worker starts."""
 
-    def __init__(self, nvml: Any, gpus: list[schema.Gpu], meminfo: Path = MEMINFO) -> None:
+    def __init__(self, nvml: Any, gpus: list[schema.Gpu], meminfo: Path | None = None, floor_gib: float = 0.0) -> None:
         self.nvml = nvml
-        self.meminfo = meminfo
+        self.meminfo = meminfo or MEMINFO
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(g.index) for g in gpus]
         self.unified = any(g.memory_source == UNIFIED for g in gpus)
+        self.floor_bytes = int(floor_gib * GIB) if self.unified else 0
         self.baseline = self._used()
         self.source = (
             UNIFIED + ", used minus the baseline before the worker started"
@@ -159,6 +147,13 @@ class DeviceMemory:
             else "NVML: usedGpuMemory of the worker's processes on its devices "
             "(else device memory used minus the baseline before the worker started)"
         )
+
+    def below_floor(self) -> bool:
+        """Unified memory only: the host's MemAvailable under the floor."""
+        if not self.floor_bytes:
+            return False
+        total, used = meminfo_bytes(self.meminfo)
+        return total - used < self.floor_bytes
 
     def _used(self) -> int:
         if self.unified:
@@ -181,3 +176,13 @@ class DeviceMemory:
                     if process.pid in pids:
                         held[group] = (held[group] or 0) + process.usedGpuMemory
         return held, max(0, self._used() - self.baseline)
+
+
+def unified_floor_gib(gpus: list[schema.Gpu]) -> float:
+    """The MemAvailable floor of the unified-memory GPUs among ``gpus`` (their class's), 0 where none has one."""
+    floors = [
+        load_hardware()[classify(g.name, g.memory_gib)[1]].unified_floor_gib or 0.0
+        for g in gpus
+        if g.memory_source == UNIFIED
+    ]
+    return max(floors, default=0.0)

@@ -15,10 +15,10 @@ import fnmatch
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.catalog.profiles import Levers, Profile, configurations, load_shapes
+from benchmarks.catalog.profiles import GrpoBench, Levers, Profile, configurations, load_hardware, load_shapes
 from benchmarks.catalog.shapes import Shape
 from benchmarks.catalog.targets import (
     DISTRIBUTED_PART_S,
@@ -28,7 +28,7 @@ from benchmarks.catalog.targets import (
     ZERO3_STATES_WITHIN,
     part_limit_s,
 )
-from benchmarks.model.estimate import GIB, rank_model_states
+from benchmarks.model.estimate import GIB, as_run, rank_model_states
 from benchmarks.results import schema
 from benchmarks.run import cluster, machine
 from benchmarks.run.configuration import run_configuration
@@ -37,22 +37,13 @@ from benchmarks.run.machines import run_machines, slurm_record, submit_to_slurm
 from benchmarks.run.model_dirs import materialise
 
 
-def resolved_levers(levers: Levers, prompt_words: int) -> Levers:
-    """The levers as the trainer gets them: an unset ``vllm_max_model_length`` becomes the workload's
-    prompt + completion (+ 8 for special tokens), so that vLLM reserves KV for this run's sequences
-    and not for the shape's whole context."""
-    if levers.vllm_max_model_length is not None:
-        return levers
-    return replace(levers, vllm_max_model_length=prompt_words + levers.max_completion_length + 8)
-
-
 def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (), part: str = "grpo") -> Path:
     """The configurations of the profile's ``grpo`` or ``distributed`` part (those whose name matches
     a pattern of ``only``, if given); returns the result file written. The file says ``complete:
     false`` until the last configuration has been recorded, and why it ended early where it did."""
     bench = getattr(profile, part)
     assert bench is not None
-    shape = load_shapes()[bench.shape]
+    shape, hardware = load_shapes()[bench.shape], load_hardware()[profile.hardware]
     print(f"shape {bench.shape}: {shape.param_count() / 1e6:,.1f}M parameters ({shape.source}); building or reusing it")
     model_dir = materialise(shape, bench.dtype, weights=bench.weights)
     budget = int(bench.memory_budget_gib * GIB)
@@ -64,20 +55,8 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (),
         if not only or any(fnmatch.fnmatch(name, x) for x in only)
     ]
     started = time.monotonic()
-    resolved = {number: resolved_levers(levers, bench.prompt_words) for number, (_, levers) in enumerate(todo, 1)}
-    jobs = {
-        number: Job(
-            levers=levers,
-            model_dir=str(model_dir),
-            dtype=bench.dtype,
-            warmup_steps=bench.warmup_steps,
-            measured_steps=bench.measured_steps,
-            prompt_words=bench.prompt_words,
-            weights=bench.weights,
-            memory_budget_bytes=budget,
-        )
-        for number, levers in resolved.items()
-    }
+    as_given = {number: as_run(bench, levers, shape, hardware) for number, (_, levers) in enumerate(todo, 1)}
+    jobs = {number: _job(bench, levers, model_dir, budget) for number, levers in as_given.items()}
     gpus, timeout_s = profile.hardware != "cpu", bench.configuration_timeout_s
     with tempfile.TemporaryDirectory() as logs, schema.marked_incomplete(path, result):
         on_slurm = cluster.kind() == "slurm"
@@ -88,7 +67,7 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (),
                 end=" ",
                 flush=True,
             )
-            levers, job, log = resolved[number], jobs[number], Path(logs) / f"{number}.log"
+            levers, job, log = as_given[number], jobs[number], Path(logs) / f"{number}.log"
             if on_slurm:
                 ran = slurm_record(submitted[number])
             elif levers.num_machines > 1:
@@ -106,6 +85,19 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (),
         else:
             result.targets = targets(result.configurations, wall, quick)
     return path
+
+
+def _job(bench: GrpoBench, levers: Levers, model_dir: Path, budget: int) -> Job:
+    return Job(
+        levers=levers,
+        model_dir=str(model_dir),
+        dtype=bench.dtype,
+        warmup_steps=bench.warmup_steps,
+        measured_steps=bench.measured_steps,
+        prompt_words=bench.prompt_words,
+        weights=bench.weights,
+        memory_budget_bytes=budget,
+    )
 
 
 def progress(elapsed_s: float, done: int, total: int) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from benchmarks.catalog.profiles import GRPO_PARTS, Profile, configurations
 from benchmarks.catalog.targets import ESTIMATE_WITHIN
+from benchmarks.model.fit import PREDICTED_BASIS, predicted_part_s
 from benchmarks.results import schema
 from benchmarks.run.bandwidth_probe import ceiling, probe
 
@@ -109,6 +110,7 @@ class PartEstimate:
     reference: str | None  # the result file scaled
     scale: float | None
     why_none: str = ""
+    predicted: bool = False  # from the time model (a first run on a GPU class), not scaled from a run
 
 
 def reference(results: list[schema.Result], profile: Profile, part: str, quick: bool) -> schema.Result | None:
@@ -151,6 +153,9 @@ def estimate_part(
     share its configurations to run now took then)."""
     found = reference(results, profile, part, quick)
     if found is None:
+        predicted = None if quick else predicted_part_s(profile, part, names)
+        if predicted is not None:
+            return PartEstimate(part, predicted, None, None, predicted=True)
         return PartEstimate(part, None, None, None, f"no earlier {part} run of profile {profile.name} with a pace here")
     then = pace_of(found.record)
     factor = scale(calibration, then.calibration, part)
@@ -196,12 +201,15 @@ def clock(seconds: float) -> str:
 def estimate_line(estimates: list[PartEstimate]) -> str:
     """What is printed before the run starts: the whole estimate, each part's, and what it scaled."""
     parts = [
-        f"{e.part} ~{clock(e.seconds)} ({e.reference} x{e.scale:.2f})" if e.seconds is not None else e.why_none
+        e.why_none
+        if e.seconds is None
+        else f"{e.part} ~{clock(e.seconds)} " + ("(predicted)" if e.predicted else f"({e.reference} x{e.scale:.2f})")
         for e in estimates
     ]
     whole = whole_estimate(estimates)
     head = f"estimate: ~{clock(whole)} in all" if whole is not None else "estimate: none for the whole run"
-    return f"{head}; " + "; ".join(parts)
+    basis = f" ({PREDICTED_BASIS})" if any(e.predicted for e in estimates) else ""
+    return f"{head}; " + "; ".join(parts) + basis
 
 
 def whole_estimate(estimates: list[PartEstimate]) -> float | None:

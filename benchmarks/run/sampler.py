@@ -19,7 +19,8 @@ class MemorySampler(threading.Thread):
     """Peak memory per rank and (step, phase), read every 20 ms and at every phase boundary: the host
     RSS of each rank's process and its children, and on CUDA the device memory they hold
     (``devices.DeviceMemory``); what belongs to no rank (the launcher) is rank None. Stops the whole
-    tree when its RSS passes ``budget_bytes``."""
+    tree when its RSS passes ``budget_bytes``, or on unified memory when the host's MemAvailable falls
+    under the device's floor."""
 
     def __init__(self, pid: int, budget_bytes: int | None, device: devices.DeviceMemory | None = None) -> None:
         super().__init__(daemon=True)
@@ -31,7 +32,8 @@ class MemorySampler(threading.Thread):
         self.ranks: dict[int, Any] = {}  # rank -> its process, from its hello
         self.where: dict[int | None, tuple[int | None, str]] = {None: (None, "setup")}
         self.peaks: dict[tuple[int | None, int | None, str], int] = {}  # (rank, step, phase) -> host RSS
-        self.over_budget: tuple[int | None, str] | None = None
+        self.over_budget: tuple[int | None, str] | None = None  # where the tree was stopped: budget or floor
+        self.below_floor = False  # unified memory: the host's MemAvailable fell under the device's floor
         self.samples = 0
         self.cpu_s = 0.0
         self.members: dict[int | None, list] = {None: [self.root]}  # rank -> its processes
@@ -101,7 +103,9 @@ class MemorySampler(threading.Thread):
                 first = self.where.get(min(self.ranks, default=None), (None, "setup"))
                 self.device_used_peaks[first] = max(self.device_used_peaks.get(first, 0), used)
             self.samples += 1
-        if self.budget_bytes and total > self.budget_bytes and self.over_budget is None:
+        over = self.budget_bytes and total > self.budget_bytes
+        self.below_floor = self.below_floor or bool(self.device and self.device.below_floor())
+        if (over or self.below_floor) and self.over_budget is None:
             self.over_budget = self.where.get(min(self.ranks, default=None), (None, "setup"))
             os.killpg(self.root.pid, signal.SIGKILL)
 

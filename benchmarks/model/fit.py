@@ -1,0 +1,117 @@
+"""A profile against both models before it runs: each GRPO configuration as the run hands it to the trainer
+(``estimate.as_run``), its predicted peak per rank and whether it fits the profile's budget on its class; and on a
+GPU class a first run's time, part by part, where no earlier run of the profile gives it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from benchmarks.catalog.profiles import (
+    GRPO_PARTS,
+    DecodeBench,
+    Profile,
+    combination_problem,
+    configurations,
+    load_hardware,
+    load_shapes,
+)
+from benchmarks.model.bandwidth import decode_step_bytes
+from benchmarks.model.estimate import DTYPE_BYTES, GIB, MODELLED_OPTIMIZERS, Workload, as_run, estimate
+from benchmarks.model.timing import DECODE_MBU, TRAINING_MFU, Rates, assumed_rates, step_time
+
+
+@dataclass(frozen=True)
+class PredictedFit:
+    """One configuration's predicted peak (bytes per rank) against its capacity: the profile's budget, at most
+    the device's memory. ``peak_bytes`` None: the model cannot price it (``why``)."""
+
+    part: str
+    name: str
+    capacity_bytes: float
+    peak_bytes: int | None = None
+    engine_cannot_start: str | None = None
+    why: str = ""
+
+    @property
+    def fits(self) -> bool | None:
+        if self.peak_bytes is None:
+            return None
+        return self.engine_cannot_start is None and self.peak_bytes <= self.capacity_bytes
+
+    def line(self) -> str:
+        capacity = f"{self.capacity_bytes / GIB:.1f} GiB"
+        if self.peak_bytes is None:
+            return f"{self.part} {self.name}: not predicted ({self.why})"
+        verdict = "fits" if self.fits else "does NOT fit"
+        line = f"{self.part} {self.name}: predicted peak {self.peak_bytes / GIB:.1f} GiB a rank, {verdict} {capacity}"
+        return line + (f": {self.engine_cannot_start}" if self.engine_cannot_start else "")
+
+
+def predicted_fits(profile: Profile) -> list[PredictedFit]:
+    """Every GRPO configuration of ``profile``'s parts, in the order they run, against the model on its class."""
+    hardware = load_hardware()[profile.hardware]
+    found = []
+    for part in (p for p in profile.parts if p in GRPO_PARTS):
+        bench = getattr(profile, part)
+        shape = load_shapes()[bench.shape]
+        capacity = min(bench.memory_budget_gib, hardware.memory_gib or bench.memory_budget_gib) * GIB
+        for name, levers in configurations(bench):
+            levers = as_run(bench, levers, shape, hardware)
+            why = combination_problem(levers) or (
+                ""
+                if levers.optim in MODELLED_OPTIMIZERS
+                else f"the model counts AdamW's states only, not {levers.optim}"
+            )
+            if why:
+                found.append(PredictedFit(part, name, capacity, why=why))
+                continue
+            work = Workload.from_levers(levers, bench.prompt_words)
+            est = estimate(shape, bench.dtype, levers, work, hardware, malloc_fixed=True)
+            found.append(PredictedFit(part, name, capacity, est.peak, est.engine_cannot_start))
+    return found
+
+
+# Assumed, not yet measured on a GPU: a configuration's worker start (imports, the model loaded onto the device, a
+# colocated engine started and its CUDA graphs captured) and an engine's start in the decode part; a GPU run's
+# pace replaces the whole prediction with its own time (benchmarks.run.pace).
+SETUP_S = 120.0
+PREDICTED_BASIS = (
+    f"predicted: the time model at {TRAINING_MFU:.0%} of peak FLOP/s and {DECODE_MBU:.0%} of spec bandwidth, "
+    f"{SETUP_S:g} s to start each worker"
+)
+
+
+def predicted_part_s(profile: Profile, part: str, names: Sequence[str] | None = None) -> float | None:
+    """``part``'s seconds on ``profile``'s GPU class as the time model predicts them (only the configurations
+    ``names`` of a GRPO part, where given); None on a CPU or a class without catalogued peaks."""
+    hardware = load_hardware()[profile.hardware]
+    try:
+        rates = assumed_rates(hardware)
+    except ValueError:  # the cpu and generic gpu classes: no peaks to predict from
+        return None
+    if part == "decode":
+        return _decode_s(profile.decode, rates)
+    bench = getattr(profile, part, None) if part in GRPO_PARTS else None
+    if bench is None:
+        return None
+    shape, seconds = load_shapes()[bench.shape], 0.0
+    for name, levers in configurations(bench):
+        if names is not None and name not in names:
+            continue
+        levers = as_run(bench, levers, shape, hardware)
+        work = Workload.from_levers(levers, bench.prompt_words)
+        step = step_time(shape, bench.dtype, levers, work, rates).step_s
+        seconds += SETUP_S + (bench.warmup_steps + bench.measured_steps) * step
+    return seconds
+
+
+def _decode_s(decode: DecodeBench, rates: Rates) -> float:
+    """Each engine's start, then every point's repeats (and one warm-up call) at the assumed bandwidth."""
+    shape, dtype_bytes = load_shapes()[decode.shape], DTYPE_BYTES[decode.dtype]
+    points = 0.0
+    for batch in decode.batches:
+        for context in decode.contexts:
+            step_bytes = decode_step_bytes(shape, dtype_bytes, batch, context).total
+            points += (decode.repeats + 1) * decode.new_tokens * (step_bytes / rates.bytes_s + rates.engine_step_s)
+    return len(decode.engines) * (SETUP_S + points)
