@@ -17,7 +17,8 @@ import pytest
 
 from benchmarks import REPO
 from benchmarks.catalog import machines
-from benchmarks.catalog.profiles import load, load_hardware
+from benchmarks.catalog.profiles import configurations, load, load_hardware, load_shapes
+from benchmarks.model.estimate import as_run
 from benchmarks.model.fit import predicted_fits
 from benchmarks.run import pace
 
@@ -105,6 +106,8 @@ def test_the_spark_runs_under_a_cap_below_its_pool_with_a_floor_and_its_engine_s
     assert profile.decode.shape in ("7b", "8b") and "vllm" in profile.decode.engines  # the class the Spark trains
     fits = predicted_fits(profile)
     assert fits[0].fits and all(f.peak_bytes is not None for f in fits)
+    first = as_run(profile.grpo, configurations(profile.grpo)[0][1], load_shapes()[profile.grpo.shape], spark)
+    assert 0 < first.vllm_gpu_memory_utilization < 0.3  # what its rollout needs, not TRL's 0.3 of the pool
 
 
 def test_a_first_run_on_a_gpu_class_says_how_long_it_will_take_and_that_it_is_a_prediction():

@@ -63,12 +63,31 @@ def profile_dir(tmp_path):
         ('question = "q"\nparts = ["everything"]\n', r"mine.toml: parts\[0\]: 'everything' is not one of"),
         ('question = "q"\n[quick]\nrewards.words = "short"\n', r"mine.toml \[quick\]: rewards.words: expected a list"),
         ('question = "q\n', r"mine.toml: not valid TOML"),
+        ('inherits = "nowhere"\n', r"mine.toml: inherits: 'nowhere' is not another profile"),
+        ('inherits = "mine"\n', r"mine.toml: inherits: 'mine' is not another profile"),  # itself
     ],
 )
 def test_a_bad_profile_is_an_error_naming_file_and_key(profile_dir, text, message):
     (profile_dir / "mine.toml").write_text(text)
     with pytest.raises(profiles.ProfileError, match=message):
         profiles.load("mine", directory=profile_dir)
+
+
+def test_an_engine_share_is_the_levers_or_the_rollout_s(profile_dir):
+    (profile_dir / "h100.toml").write_text((profiles.PROFILES_DIR / "h100.toml").read_text())
+    (profile_dir / "mine.toml").write_text('inherits = "h100"\n[grpo]\nengine_share = "half"\n')
+    with pytest.raises(profiles.ProfileError, match=r"mine.toml: grpo.engine_share: 'half' is not one of levers"):
+        profiles.load("mine", directory=profile_dir)
+
+
+def test_a_profile_inherits_another_and_holds_only_what_differs(profile_dir):
+    (profile_dir / "one.toml").write_text('question = "one"\n[decode]\nshape = "tiny"\nbatches = [1]\n')
+    (profile_dir / "two.toml").write_text('inherits = "one"\nquestion = "two"\n[decode]\nbatches = [2]\n')
+    two = profiles.load("two", directory=profile_dir)
+    assert (two.question, two.decode.shape, two.decode.batches) == ("two", "tiny", (2,))
+    assert two.decode.contexts == profiles.load("one", directory=profile_dir).decode.contexts  # from base, through one
+    node, one = profiles.load("h100-node"), profiles.load("h100")
+    assert node.grpo == one.grpo and node.decode == one.decode and node.parts == (*one.parts, "distributed")
 
 
 def test_an_unknown_profile_lists_the_known_ones(profile_dir):
