@@ -8,10 +8,6 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import fastjsonschema
-import jsonschema
-from jsonschema.validators import validator_for
-
 from ._completions import completion_texts, per_example
 
 ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)  # the guide's pattern, compiled once
@@ -66,6 +62,11 @@ def portable(schema: Any) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _validity_check(schema_json: str) -> Callable[[Any], bool]:
+    # Imported where a schema is checked: the harness imports this package on machines without them (a GPU
+    # image that carries only what the GRPO worker needs), where no schema reward runs.
+    import fastjsonschema
+    from jsonschema.validators import validator_for
+
     schema = json.loads(schema_json)
     cls = validator_for(schema)
     cls.check_schema(schema)
@@ -89,6 +90,8 @@ def _validity_check(schema_json: str) -> Callable[[Any], bool]:
 def _compiled(schema: Any, where: str) -> Callable[[Any], bool]:
     """``instance -> bool`` for ``schema``: checked against its metaschema once, compiled once,
     cached by content."""
+    import jsonschema
+
     try:
         return _validity_check(json.dumps(schema, sort_keys=True))
     except jsonschema.SchemaError as error:

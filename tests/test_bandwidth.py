@@ -1,5 +1,7 @@
 """The bandwidth probe, and the bytes a decode step moves."""
 
+import json
+
 import pytest
 
 from benchmarks.catalog.profiles import load_shapes
@@ -170,3 +172,31 @@ def test_an_fp8_kv_cache_halves_the_cache_bytes_and_leaves_the_weights():
     bf16, fp8_kv = decode_step_bytes(shape, 2, 8, 4096), decode_step_bytes(shape, 2, 8, 4096, kv_dtype_bytes=1)
     assert fp8_kv.weights == bf16.weights and fp8_kv.kv_read * 2 == bf16.kv_read
     assert rollout_seconds(shape, 2, 8, 256, 512, 180, kv_dtype_bytes=1) < rollout_seconds(shape, 2, 8, 256, 512, 180)
+
+
+def test_the_graphs_engine_makes_one_static_cache_per_point_and_resets_it_before_each_call(monkeypatch, capsys):
+    transformers = pytest.importorskip("transformers")
+    from benchmarks.run import decode
+    from benchmarks.run.model_dirs import materialise
+
+    made, resets = [], []
+
+    class CountedCache(transformers.StaticCache):
+        def __init__(self, *args, **kwargs):
+            made.append(kwargs["max_cache_len"])
+            super().__init__(*args, **kwargs)
+
+        def reset(self):
+            resets.append(self)
+            super().reset()
+
+    monkeypatch.setattr(transformers, "StaticCache", CountedCache)
+    shape = load_shapes()["tiny"]
+    job = {"engine": "transformers-graphs", "dtype": "float32", "model_dir": str(materialise(shape)), "new_tokens": 4}
+    job |= {"repeats": 2, "points": [(1, 16), (2, 16)]}
+    decode.measure(job, shape, decode.transformers_engine(job))
+    assert made == [16 + 4 + 1, 16 + 4 + 1]  # one a point, at its longest call, never one a call
+    calls = 1 + 2 * 2  # the warm-up, then a one-token call and a full one per repeat
+    assert len(resets) == 2 * calls and len(set(map(id, resets))) == 2
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [len(row["generate_s_each"]) for row in rows] == [2, 2] and all(len(r["ttft_s_each"]) == 2 for r in rows)

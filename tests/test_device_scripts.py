@@ -2,11 +2,13 @@
 searches, a clear stop where their wheels were not prepared, a plan within 9 minutes, and each script's
 whole flow rehearsed on this CPU, so that a slip never costs GPU minutes."""
 
+import ast
 import os
 import re
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from benchmarks import REPO
 from benchmarks.catalog.profiles import load
 from benchmarks.results import schema
+from benchmarks.run import preflight
 
 SCRIPTS = sorted((REPO / "benchmarks" / "device").glob("*.sh"))
 
@@ -89,11 +92,28 @@ def test_the_context_script_rehearses_its_search_on_this_cpu(tmp_path):
     assert by_name["trl-1.16-liger"].status == "skipped" and "Triton" in by_name["trl-1.16-liger"].reason
 
 
-def test_the_command_line_starts_without_what_a_gpu_machine_does_not_carry():
-    """The GPU image has no markdown, matplotlib or Playwright, and the scripts carry none: the command line
-    (bench, estimate) must start without them; only the site, the figures and the browser test need them."""
-    absent = ("markdown", "matplotlib", "playwright")
+def test_the_command_line_and_the_workers_start_without_what_a_gpu_machine_does_not_carry():
+    """The GPU image has no jsonschema, fastjsonschema or Playwright, and the scripts carry none: the command
+    line (bench, estimate) and every worker must start without them; only the schema reward and the browser
+    test need them."""
+    absent = ("jsonschema", "fastjsonschema", "playwright")
     code = "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in absent)
     code += "from benchmarks import cli\ncli.command_line().parse_args(['bench', '--quick'])\n"
+    code += "import benchmarks.run.worker, benchmarks.run.decode, benchmarks.run.context, rewards\n"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_machine_check_lists_every_package_the_harness_imports():
+    """What the harness and the reward library import (outside the standard library), by distribution, against
+    what the check reports: a package a GPU image lacks is named in its first seconds, not by a failed part."""
+    distributions = metadata.packages_distributions()
+    imported = set()
+    for path in [*(REPO / "benchmarks").rglob("*.py"), *(REPO / "rewards").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            imported |= {name.split(".")[0] for name in names}
+    third_party = imported - set(sys.stdlib_module_names) - {"benchmarks", "rewards"}
+    wanted = {distributions.get(name, [name])[0].lower() for name in third_party}
+    assert wanted <= {name.lower() for name in preflight.PACKAGES}, wanted - set(preflight.PACKAGES)

@@ -74,6 +74,8 @@ class DecodePoint:
     bytes_per_step_midway: dict[str, Any] | None = None
     achieved_gb_s: float | None = None
     repeats: int | None = None
+    ttft_s_each: list[float] | None = None  # each repeat's one-token call
+    generate_s_each: list[float] | None = None  # each repeat's call of new_tokens + 1 tokens
     execution: str | None = None
     warmup_s: float | None = None  # the untimed first call at this size (graphs: the compile)
     efficiency_vs_ceiling: float | None = None

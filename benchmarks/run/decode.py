@@ -46,9 +46,11 @@ def step_bytes(shape: Shape, dtype: str, batch: int, context: int, new_tokens: i
 def transformers_engine(job: dict) -> Callable[[list[list[int]], int], None]:
     """Greedy ``generate`` of exactly ``tokens`` new tokens for a batch of prompts; with ``graphs`` a static
     KV cache and the decode step compiled into CUDA graphs (transformers' ``CompileConfig``, mode
-    reduce-overhead): on CUDA the launch overhead leaves the step, so that what is left is bandwidth."""
+    reduce-overhead): on CUDA the launch overhead leaves the step, so that what is left is bandwidth. The static
+    cache is made once per point (batch x context) and reset before each call: generate's own
+    ``cache_implementation="static"`` makes a new one per call, whose tensors re-record the graphs every time."""
     import torch
-    from transformers import AutoModelForCausalLM, CompileConfig
+    from transformers import AutoModelForCausalLM, CompileConfig, StaticCache
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, job["dtype"])
@@ -57,17 +59,27 @@ def transformers_engine(job: dict) -> Callable[[list[list[int]], int], None]:
     else:
         model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=dtype).to(device)
     model.eval()
-    static: dict[str, Any] = {}
-    if job["engine"] == "transformers-graphs":
-        static = {"cache_implementation": "static"}
-        if device == "cuda":
-            static["compile_config"] = CompileConfig(fullgraph=True, mode="reduce-overhead", dynamic=False)
-        else:
-            static["disable_compile"] = True  # CUDA graphs need CUDA: a static cache, eager
+    graphs = job["engine"] == "transformers-graphs"
+    compiled: dict[str, Any] = {}
+    if graphs and device == "cuda":
+        compiled["compile_config"] = CompileConfig(fullgraph=True, mode="reduce-overhead", dynamic=False)
+    elif graphs:
+        compiled["disable_compile"] = True  # CUDA graphs need CUDA: a static cache, eager
+    caches: dict[tuple[int, int], Any] = {}
+
+    def static_cache(batch: int, context: int) -> Any:
+        """This point's cache, made at its first call (its longest: the warm-up's), reset for this one."""
+        if (batch, context) not in caches:
+            longest = context + job["new_tokens"] + 1
+            caches[batch, context] = StaticCache(config=model.config, max_cache_len=longest)
+        caches[batch, context].reset()
+        return caches[batch, context]
 
     def generate(prompts: list[list[int]], tokens: int) -> None:
         ids = torch.tensor(prompts, device=device)
-        with torch.inference_mode():
+        with torch.inference_mode():  # the cache's tensors are inference tensors: reset them in the same mode
+            # `past_key_values`: transformers 5.17's name (later ones also take `cache`)
+            cache = {"past_key_values": static_cache(*ids.shape)} if graphs else {}
             model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
@@ -75,7 +87,8 @@ def transformers_engine(job: dict) -> Callable[[list[list[int]], int], None]:
                 min_new_tokens=tokens,
                 do_sample=False,
                 pad_token_id=0,
-                **static,
+                **compiled,
+                **cache,
             )
         if device == "cuda":
             torch.cuda.synchronize()
@@ -125,7 +138,7 @@ def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], 
 
     new_tokens, repeats = job["new_tokens"], job["repeats"]
     how = execution(job["engine"], torch.cuda.is_available())
-    # graphs: the warm-up makes the static cache at its longest (the timed calls reuse it) and compiles
+    # graphs: the warm-up fills the point's static cache at its longest (the timed calls reuse it) and compiles
     warmup_tokens = new_tokens + 1 if job["engine"] == "transformers-graphs" else 2
     for batch, context in job["points"]:
         prompts = [[3 + (i * 7 + j) % (shape.vocab_size - 3) for j in range(context)] for i in range(batch)]
@@ -162,6 +175,8 @@ def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], 
                     },
                     "achieved_gb_s": per_step * new_tokens / decode_s / 1e9,
                     "repeats": repeats,
+                    "ttft_s_each": ttft,  # every timed call, not only the medians
+                    "generate_s_each": full,
                     "execution": how,
                     "warmup_s": warmup_s,
                 }

