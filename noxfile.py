@@ -10,7 +10,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the catalogs: standard library only, read before installing
-from benchmarks.catalog import machines  # noqa: E402
+from benchmarks.catalog import images, machines  # noqa: E402
 
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests"]
@@ -116,6 +116,37 @@ def _option(posargs: list[str], name: str) -> str | None:
         if arg.startswith(f"{name}="):
             return arg.split("=", 1)[1]
     return None
+
+
+DEVICE_FILES = 7  # the most files the lent GPU machine returns from $OUT
+
+
+@nox.session(default=False)
+def rehearse(session: nox.Session) -> None:
+    """The H200 script's whole flow on tiny shapes, in an environment shaped like its image (profiles/images.toml)."""
+    image = images.load_images()["h200"]
+    # The image's torch is 2.11.0's CUDA build; the nearest here is the CPU build of the project's pin (said so below)
+    torch_pins = nox.project.dependency_groups(PYPROJECT, "torch")
+    session.install(*torch_pins)
+    constraints = Path(session.create_tmp()) / "torch-constraints.txt"
+    constraints.write_text("\n".join(torch_pins) + "\n")
+    session.install(
+        *(f"{n}=={image.versions[n]}" if n in image.versions else n for n in image.rehearsed), "-c", str(constraints)
+    )
+    session.install("--no-deps", *image.carried)  # as the script installs its wheels there
+    session.run("python", "-m", "benchmarks.catalog.images", "check", image.name)  # nothing the image lacks
+    # The guard, at every interpreter's start: whatever else is installed here stays out of reach, as there
+    site_packages = session.run("python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", silent=True)
+    guard = f"{Path.cwd()}\nimport benchmarks.catalog.images; benchmarks.catalog.images.install({image.name!r})\n"
+    (Path(site_packages.strip()) / "grpo-bench-image-guard.pth").write_text(guard)
+    out = Path(session.create_tmp()) / "out"
+    shutil.rmtree(out, ignore_errors=True)  # this rehearsal's files only
+    path = f"{session.bin}{os.pathsep}{os.environ['PATH']}"
+    session.run("bash", "benchmarks/device/h200.sh", "--rehearse", external=True, env={"PATH": path, "OUT": str(out)})
+    written = sorted(p.name for p in (out / image.name).iterdir())
+    if len(written) > DEVICE_FILES:
+        session.error(f"{len(written)} files under $OUT, more than the device returns ({DEVICE_FILES}): {written}")
+    session.log(f"the rehearsal's {len(written)} files, under {out / image.name}: {', '.join(written)}")
 
 
 # The context search's contenders (profiles/contenders.toml, which the code reads too): each unmodified in

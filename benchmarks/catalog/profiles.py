@@ -276,13 +276,8 @@ def _read(path: Path) -> dict:
         raise ProfileError(f"{path}: not valid TOML: {error}") from None
 
 
-CATALOGS = (
-    "hardware",
-    "shapes",
-    "contenders",
-    "stacks",
-    "machines",
-)  # tables of classes, stacks and machines, not run profiles
+# tables of classes, shapes, stacks, machines and images, not run profiles
+CATALOGS = ("hardware", "shapes", "contenders", "stacks", "machines", "images")
 
 
 def available(directory: Path = PROFILES_DIR) -> list[str]:

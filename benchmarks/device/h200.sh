@@ -12,13 +12,14 @@
 # Every model is made on the GPU from profiles/shapes.toml (no checkpoint on disk). No vLLM runs there:
 # its engine's memory stays predicted (`python -m benchmarks estimate`), and rollouts are transformers'.
 #
-# For a machine with torch, transformers, peft, accelerate, psutil, nvidia-ml-py, pyarrow and pandas but
-# no TRL, datasets or bitsandbytes, no git and no network (the H200 lent to this project). Once, where the
-# checkout is and PyPI answers, from the repository root:
+# For the H200 image lent to this project (profiles/images.toml: torch, transformers, peft, accelerate, psutil,
+# nvidia-ml-py, pyarrow, pandas and more, but no TRL, datasets or bitsandbytes, no git and no network). Once,
+# where the checkout is and PyPI answers, from the repository root:
 #
 #   bash benchmarks/device/h200.sh --prepare   # the wheels (~45 MB, git-ignored) and the commit's record
 #   bash benchmarks/device/h200.sh --plan      # the parts and their budgets; exits 1 past 9 minutes
 #   bash benchmarks/device/h200.sh --rehearse  # the same flow on this machine, tiny shapes (--quick)
+#   nox -s rehearse                            # that flow in an environment shaped like the image
 #
 # then on the GPU machine (the device tool: carry=[".wheels", ".grpo-bench-commit.json"], timeout_s=600):
 #
@@ -44,10 +45,11 @@ if [ "$mode" = --plan ] || [ "$planned" -gt "$PLAN_LIMIT_S" ]; then
 fi
 
 if [ "$mode" = --prepare ]; then
+  # what the image lacks, as profiles/images.toml declares it (`nox -s rehearse` installs the same)
+  mapfile -t carried < <(python3 -c 'import tomllib; print("\n".join(tomllib.load(open("profiles/images.toml", "rb"))["h200"]["carried"]))')
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform any -d .wheels "trl==1.16.0" "datasets==5.2.0" "dill==0.4.1" "multiprocess==0.70.19" \
-    "bitsandbytes==0.50.2" "tabulate==0.9.0"
+    --platform any -d .wheels "${carried[@]}"
   python3 -c 'from benchmarks.run.machine import write_provenance; print("provenance:", write_provenance().short)'
   du -sh .wheels
   exit 0
@@ -86,6 +88,11 @@ for part in "${PARTS[@]}"; do
     124) ended[$part]="cut at its ${BUDGET_S[$part]} s budget: its file keeps what it measured (complete: false)" ;;
     *) ended[$part]="failed (exit $status): see the log above" ;;
   esac
+done
+# At most 7 files come back from the device: the decode part's table and figure are made again here from its file
+# (`python -m benchmarks decode-report FILE`), so they stay behind
+for made in "$results"/h200/*-decode.md "$results"/h200/*-decode.png; do
+  if [ -e "$made" ] && [[ "$(basename "$made")" > "$stamp" ]]; then rm -f "$made"; fi  # this run's only
 done
 echo "== summary =="
 failed=0
