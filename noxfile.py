@@ -77,14 +77,23 @@ def _install_deepspeed(session: nox.Session, pins: tuple[str, ...]) -> None:
     session.run_install("python", "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()")
 
 
-def _system_chromium(session: nox.Session) -> None:
-    """Debian's Chromium for the browser test (tests/test_site.py), installed where it is missing and apt-get
-    may install it (as root); elsewhere that test skips and says why."""
-    if shutil.which("chromium") or not shutil.which("apt-get") or os.geteuid() != 0:
+# Debian's packages the tests need beyond PyPI, by the command that tells whether each is there: Chromium for the
+# browser test (tests/test_site.py), a one-machine Slurm with munge for the cluster path (tests/test_slurm.py)
+SYSTEM_PACKAGES = {
+    "chromium": ("chromium",),
+    "slurmctld": ("slurmctld", "slurmd", "slurm-client", "munge"),
+}
+
+
+def _system_packages(session: nox.Session) -> None:
+    """SYSTEM_PACKAGES, installed where missing and apt-get may install them (as root); elsewhere the tests that
+    need them skip and say why."""
+    missing = [p for command, packages in SYSTEM_PACKAGES.items() if not shutil.which(command) for p in packages]
+    if not missing or not shutil.which("apt-get") or os.geteuid() != 0:
         return
     quiet = {"DEBIAN_FRONTEND": "noninteractive"}
     session.run_install("apt-get", "update", "-qq", external=True, success_codes=[0, 100], env=quiet)
-    install = ("apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium")
+    install = ("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing)
     session.run_install(*install, external=True, success_codes=[0, 100], env=quiet)
 
 
@@ -92,7 +101,7 @@ def _system_chromium(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Unit, sandbox, adversarial and browser tests (CPU only)."""
     _install(session, "test,grpo,distributed", torch=True)
-    _system_chromium(session)
+    _system_packages(session)
     session.run("python", "-m", "pytest", *(session.posargs or ["-q"]))
 
 

@@ -1,6 +1,7 @@
 """The Slurm path against a real one-machine Slurm: Debian's slurmctld and slurmd with munge, started
 here in a temporary directory and stopped after (docs/many-gpus.md). Needs root and the packages
-(`apt-get install slurmctld slurmd slurm-client munge`, ~15 s); skipped with the reason without them."""
+(`apt-get install slurmctld slurmd slurm-client munge`, ~15 s), which `nox -s tests` installs where it can;
+skipped with the reason without them."""
 
 import os
 import shutil
