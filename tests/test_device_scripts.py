@@ -118,3 +118,31 @@ def test_the_machine_check_lists_every_package_the_harness_imports():
     third_party = imported - set(sys.stdlib_module_names) - {"benchmarks", "rewards"}
     wanted = {distributions.get(name, [name])[0].lower() for name in third_party}
     assert wanted <= {name.lower() for name in preflight.PACKAGES}, wanted - set(preflight.PACKAGES)
+
+
+def test_each_h200_part_s_own_limit_ends_inside_the_script_s_budget_for_it():
+    """A configuration cut by its own limit is recorded as `timeout` with the phase it reached; one cut by the
+    script's `timeout` keeps nothing of what it had in progress. The parent's imports and set-up come first."""
+    script = (REPO / "benchmarks" / "device" / "h200.sh").read_text()
+    budgets = {k: int(v) for k, v in re.findall(r"\[([\w-]+)\]=(\d+)", script.split("BUDGET_S=", 1)[1].split("\n")[0])}
+    chosen = dict(re.findall(r'\[([\w-]+)\]="(\S+) --only grpo"', script))
+    assert set(chosen) == {"grpo-3b", "grpo-32b", "grpo-70b"}
+    for part, profile in chosen.items():
+        assert load(profile).grpo.configuration_timeout_s + PARENT_SETUP_S <= budgets[part], part
+
+
+PARENT_SETUP_S = 20  # the parent's imports, calibration and the shape's model directory before the worker starts
+
+
+def test_a_check_that_cannot_import_the_trainer_stops_the_script_before_its_first_grpo_part(tmp_path):
+    broken = tmp_path / "site" / "trl"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('trl: a wheel that did not travel')\n")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHONPATH": str(tmp_path / "site")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    script = str(REPO / "benchmarks" / "device" / "h200.sh")
+    done = subprocess.run(["bash", script, "--rehearse"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1 and "no GRPO part started" in done.stdout
+    assert "== grpo-3b" not in done.stdout and not list((tmp_path / "out" / "h200").glob("*.json"))
+    check = next((tmp_path / "out" / "h200").glob("*-check.txt")).read_text()
+    assert "trainer: failed" in check and "a wheel that did not travel" in check and "stop: trainer failed" in check

@@ -3,7 +3,8 @@
 # order, each under `timeout` at its own budget (PLAN below), each writing its result file as it measures,
 # so that a part cut at its budget loses at most what it had in progress and the next part still runs:
 #
-#   check     the machine: runtime, git, package versions, NVML, expandable segments, 4-bit (a text file)
+#   check     the machine: runtime, git, package versions, the trainer's imports, NVML, expandable segments,
+#             a one-layer NF4 model in bf16 (a text file); the script stops here where a GRPO part cannot run
 #   grpo-3b   the 24 GB row: 3B, full fine-tuning, 8-bit AdamW, checkpointing, allocator capped at 22.5 GiB
 #   grpo-32b  the H200 row: 32B, LoRA, checkpointing
 #   decode    8B bf16 decode in CUDA graphs at batch 1 and 64: GB/s against the ceiling and the spec
@@ -32,7 +33,7 @@ cd "$(dirname "$0")/../.."
 mode="${1:-run}"
 PLAN_LIMIT_S=540
 PARTS=(check grpo-3b grpo-32b decode grpo-70b)
-declare -A BUDGET_S=([check]=20 [grpo-3b]=90 [grpo-32b]=120 [decode]=180 [grpo-70b]=120)
+declare -A BUDGET_S=([check]=30 [grpo-3b]=80 [grpo-32b]=120 [decode]=180 [grpo-70b]=120)
 declare -A PROFILE=([grpo-3b]="h200-24gb-row --only grpo" [grpo-32b]="h200 --only grpo" [decode]="h200 --only decode"
   [grpo-70b]="h200-70b --only grpo")
 
@@ -83,6 +84,10 @@ for part in "${PARTS[@]}"; do
   fi
   status=0
   timeout --signal=TERM --kill-after=10 "${BUDGET_S[$part]}" "${command[@]}" || status=$?
+  if [ "$part" = check ] && [ "$status" -eq 1 ]; then  # its gate: the trainer or 4-bit failed (a timeout is not)
+    echo "check: failed (exit $status): the trainer cannot run here (see its file); no GRPO part started"
+    exit 1
+  fi
   case $status in
     0) ended[$part]="done" ;;
     124) ended[$part]="cut at its ${BUDGET_S[$part]} s budget: its file keeps what it measured (complete: false)" ;;
