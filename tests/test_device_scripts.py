@@ -3,6 +3,7 @@ searches, a clear stop where their wheels were not prepared, a plan within 9 min
 whole flow rehearsed on this CPU, so that a slip never costs GPU minutes."""
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -16,7 +17,7 @@ import pytest
 from benchmarks import REPO
 from benchmarks.catalog.profiles import load
 from benchmarks.results import schema
-from benchmarks.run import preflight
+from benchmarks.run import machine, preflight
 
 SCRIPTS = sorted((REPO / "benchmarks" / "device").glob("*.sh"))
 
@@ -146,3 +147,31 @@ def test_a_check_that_cannot_import_the_trainer_stops_the_script_before_its_firs
     assert "== grpo-3b" not in done.stdout and not list((tmp_path / "out" / "h200").glob("*.json"))
     check = next((tmp_path / "out" / "h200").glob("*-check.txt")).read_text()
     assert "trainer: failed" in check and "a wheel that did not travel" in check and "stop: trainer failed" in check
+
+
+def travelled(tmp_path: Path, changed: str | None = None) -> Path:
+    """The tracked tree as the device tool copies it (no .git), with a commit record written from it; then
+    ``changed`` edited, as a commit made after the record would leave it."""
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    copy = tmp_path / "tree"
+    for name in listed.splitlines():
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, copy / name)
+    blobs = {name: machine.blob_hash(copy / name) for name in listed.splitlines()}
+    record = {"id": "0123456789abcdef0123456789abcdef01234567", "written": "2026-12-02T00:00:00+00:00", "blobs": blobs}
+    (copy / machine.PROVENANCE.name).write_text(json.dumps(record))
+    if changed:
+        (copy / changed).write_text((copy / changed).read_text() + "\n# changed after the record\n")
+    return copy
+
+
+@pytest.mark.parametrize("changed", [None, "profiles/h200.toml"])
+def test_the_h200_run_starts_only_on_the_tree_its_commit_record_names(tmp_path, changed):
+    copy = travelled(tmp_path, changed)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(copy / "benchmarks/device/h200.sh")], capture_output=True, text=True, env=env)
+    if changed:
+        assert done.returncode == 3 and "not the commit its record names" in done.stdout
+        assert "1 tracked file(s) differ" in done.stdout
+    else:  # past the commit's check; then the wheels it carries, not prepared in this copy
+        assert "commit: 0123456789abcdef" in done.stdout and "not the commit" not in done.stdout

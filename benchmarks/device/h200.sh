@@ -51,7 +51,7 @@ if [ "$mode" = --prepare ]; then
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
     --platform any -d .wheels "${carried[@]}"
-  python3 -c 'from benchmarks.run.machine import write_provenance; print("provenance:", write_provenance().short)'
+  python3 -c 'from benchmarks.run.machine import write_provenance; print("provenance:", write_provenance().short, "(commit nothing more before the run, or write it again: python -m benchmarks provenance)")'
   du -sh .wheels
   exit 0
 fi
@@ -60,6 +60,11 @@ quick=()
 if [ "$mode" = --rehearse ]; then
   quick=(--quick)  # the profiles' tiny shapes; the CUDA-only steps skip themselves, saying why
 elif [ "$mode" = run ]; then
+  # a result names the commit that ran: this tree must be the one its record was written from (no git here)
+  if ! python3 -c 'import sys; from benchmarks.run.machine import commit; c = commit(); print(f"commit: {c.id} ({c.source})"); sys.exit(0 if c.id and not c.dirty else 3)'; then
+    echo "stop: this tree is not the commit its record names: run 'python -m benchmarks provenance' where the checkout is, after the last commit and right before the run"
+    exit 3
+  fi
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/grpo-bench-site \
     .wheels/*.whl
   export PYTHONPATH="/tmp/grpo-bench-site${PYTHONPATH:+:$PYTHONPATH}"
