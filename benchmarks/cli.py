@@ -251,6 +251,13 @@ def _bench_options(commands: argparse._SubParsersAction) -> None:
         "(several: PATTERN,PATTERN)",
     )
     bench.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: results/runs)")
+    bench.add_argument(
+        "--deadline",
+        type=float,
+        metavar="EPOCH_S",
+        help="a caller's own time limit (seconds since the epoch): each GRPO configuration ends by it, as a timeout "
+        "record with the phase it reached",
+    )
 
 
 def _context_options(commands: argparse._SubParsersAction) -> None:
@@ -329,7 +336,12 @@ def dispatch(argv: list[str] | None = None) -> int:
 
 
 def run_part(
-    part: str, profile: profiles.Profile, quick: bool, out: Path, configuration_filter: list[str] | None
+    part: str,
+    profile: profiles.Profile,
+    quick: bool,
+    out: Path,
+    configuration_filter: list[str] | None,
+    deadline: float | None = None,
 ) -> Path:
     """One part of a profile, its summary printed; returns its result file."""
     if part == "rewards":
@@ -345,7 +357,7 @@ def run_part(
             remake = f"python -m benchmarks decode-report {shown(path)}"
             print(f"no decode table or figure here ({error}): `{remake}` makes them")
     else:
-        path = grpo.run_grpo(profile, quick, out, configuration_filter, part)
+        path = grpo.run_grpo(profile, quick, out, configuration_filter, part, deadline)
         summaries.grpo(path)
     return path
 
@@ -399,7 +411,7 @@ def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     for number, (part, estimated) in enumerate(zip(parts, estimates, strict=True), 1):
         print(f"\n== {part} == ({pace.clock(time.monotonic() - started)} elapsed)", flush=True)
         part_started = time.monotonic()
-        path = run_part(part, profile, args.quick, args.out, configuration_filter)
+        path = run_part(part, profile, args.quick, args.out, configuration_filter, args.deadline)
         ended = time.monotonic()
         record = schema.Pace(
             calibration=calibration,

@@ -200,3 +200,30 @@ def test_the_graphs_engine_makes_one_static_cache_per_point_and_resets_it_before
     assert len(resets) == 2 * calls and len(set(map(id, resets))) == 2
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [len(row["generate_s_each"]) for row in rows] == [2, 2] and all(len(r["ttft_s_each"]) == 2 for r in rows)
+
+
+@pytest.mark.parametrize("hardware", ["h200", "spark", "cpu"])
+def test_the_decode_figure_draws_its_own_class_s_spec_and_band_only(hardware, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+
+    from benchmarks import REPO
+    from benchmarks.report.figures import decode_figure
+    from benchmarks.results import schema
+
+    run = schema.read_result(REPO / "results/runs/cpu/20261201T175648Z-decode.json", "decode").record
+    run.profile.hardware = hardware
+    drawn = []
+    for name in ("axhline", "axhspan"):
+        original = getattr(Axes, name)
+        monkeypatch.setattr(
+            Axes, name, lambda self, *a, _o=original, **k: drawn.append(k.get("label", "")) or _o(self, *a, **k)
+        )
+    decode_figure(run, tmp_path / "decode.png")
+    spec = [label for label in drawn if "spec" in label or "budget" in label]
+    expected = {"h200": ["NVIDIA H200: spec 4800 GB/s"], "cpu": []}
+    expected["spark"] = [
+        "NVIDIA DGX Spark (GB10, unified memory): sustained budget 180-192 GB/s",
+        "NVIDIA DGX Spark (GB10, unified memory): spec 273 GB/s",
+    ]
+    assert spec == expected[hardware]

@@ -31,6 +31,8 @@ def test_a_grpo_run_on_the_claimed_class_measures_its_anchor(tmp_path):
     path = grpo_file(runs, "h200", "32b", peak_gib=100.0)
     claim = ledger(runs)["32b"]
     assert claim.status == claims.HOLDS and "fits with" in claim.measured
+    # a row of fewer, shorter completions than the guide's says so beside its figure
+    assert "not the guide's 8 x 1024, which stays predicted" in claim.measured
     assert [e.file for e in claim.evidence] == [f"h200/{path.name}"]
     grpo_file(runs, "h200", "32b", started="2026-12-02T10:00:00+00:00", status="oom", name="b")
     assert ledger(runs)["32b"].status == claims.FAILS  # the newest file of the cell decides

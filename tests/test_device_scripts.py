@@ -175,3 +175,15 @@ def test_the_h200_run_starts_only_on_the_tree_its_commit_record_names(tmp_path, 
         assert "1 tracked file(s) differ" in done.stdout
     else:  # past the commit's check; then the wheels it carries, not prepared in this copy
         assert "commit: 0123456789abcdef" in done.stdout and "not the commit" not in done.stdout
+
+
+def test_a_grpo_part_forced_past_its_budget_leaves_a_timeout_record_naming_its_phase(tmp_path):
+    pytest.importorskip("trl")
+    env = {**os.environ, "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env["H200_BUDGETS"] = "grpo-3b=20"  # its tiny row needs longer than the 12 s left to it here
+    script = str(REPO / "benchmarks" / "device" / "h200.sh")
+    done = subprocess.run(["bash", script, "--rehearse"], capture_output=True, text=True, env=env, timeout=900)
+    assert "grpo-3b: done" in done.stdout, done.stdout[-3000:]  # ended by itself, inside the script's budget
+    first = schema.read_result(min((tmp_path / "h200").glob("*-grpo.json")), "grpo-3b").record
+    [cut] = first.configurations
+    assert first.complete and cut.status == "timeout" and cut.phase, (cut.status, cut.reason)

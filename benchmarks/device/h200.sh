@@ -59,6 +59,7 @@ fi
 quick=()
 if [ "$mode" = --rehearse ]; then
   quick=(--quick)  # the profiles' tiny shapes; the CUDA-only steps skip themselves, saying why
+  for given in ${H200_BUDGETS:-}; do BUDGET_S[${given%=*}]=${given#*=}; done  # e.g. "grpo-3b=25": an overrun rehearsed
 elif [ "$mode" = run ]; then
   # a result names the commit that ran: this tree must be the one its record was written from (no git here)
   if ! python3 -c 'import sys; from benchmarks.run.machine import commit; c = commit(); print(f"commit: {c.id} ({c.source})"); sys.exit(0 if c.id and not c.dirty else 3)'; then
@@ -85,7 +86,9 @@ for part in "${PARTS[@]}"; do
     command=(python3 -m benchmarks.run.preflight "$results/h200/$stamp-check.txt")
   else
     read -ra chosen <<<"${PROFILE[$part]}"
-    command=(python3 -m benchmarks bench --profile "${chosen[@]}" --out "$results" "${quick[@]}")
+    # its configurations end ~8 s before the part's budget, as timeout records with their phase, not cut from outside
+    deadline=$(($(date +%s) + BUDGET_S[$part] - 8))
+    command=(python3 -m benchmarks bench --profile "${chosen[@]}" --out "$results" --deadline "$deadline" "${quick[@]}")
   fi
   status=0
   timeout --signal=TERM --kill-after=10 "${BUDGET_S[$part]}" "${command[@]}" || status=$?

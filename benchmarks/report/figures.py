@@ -64,8 +64,9 @@ def measured_on(run: DecodeFile) -> str:
 
 
 def decode_figure(run: DecodeFile, path: Path) -> None:
-    """Achieved GB/s against batch per engine and context, with the device's ceiling and its
-    spread, and DGX Spark's sustained budget and spec (profiles/hardware.toml), on a log scale."""
+    """Achieved GB/s against batch per engine and context, with the device's ceiling and its spread, and its
+    class's spec and sustained budget where profiles/hardware.toml has them (an H200's spec, not Spark's band:
+    Spark appears in the table's projection), on a log scale."""
     import matplotlib  # optional, heavy: only where a figure is drawn
     import matplotlib.ticker
 
@@ -80,11 +81,15 @@ def decode_figure(run: DecodeFile, path: Path) -> None:
     best = run.device_ceiling
     axes.axhline(best.median_gb_s, color="black", label=f"this device's ceiling ({best.kernel}, median)")
     axes.axhspan(best.min_gb_s, best.max_gb_s, color="black", alpha=0.1)
-    spark = load_hardware()["spark"]
-    low, high = spark.sustained_bandwidth_gb_s
-    axes.axhspan(low, high, color="tab:red", alpha=0.25, label=f"DGX Spark sustained budget {low:g}-{high:g} GB/s")
-    spec = spark.spec_bandwidth_gb_s
-    axes.axhline(spec, color="tab:red", linestyle="--", label=f"DGX Spark spec {spec:g} GB/s")
+    own = load_hardware().get(run.profile.hardware)  # this class's spec and budget only; Spark's is a projection
+    if own and own.sustained_bandwidth_gb_s:
+        low, high = own.sustained_bandwidth_gb_s
+        axes.axhspan(
+            low, high, color="tab:red", alpha=0.25, label=f"{own.name}: sustained budget {low:g}-{high:g} GB/s"
+        )
+    if own and own.spec_bandwidth_gb_s:
+        spec = own.spec_bandwidth_gb_s
+        axes.axhline(spec, color="tab:red", linestyle="--", label=f"{own.name}: spec {spec:g} GB/s")
     axes.set(xscale="log", yscale="log", xlabel="batch (sequences decoded together)", ylabel="achieved GB/s")
     axes.set_xticks(sorted(points.batch.unique()))
     axes.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())

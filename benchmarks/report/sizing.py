@@ -107,6 +107,19 @@ def _lightness(levers: Levers) -> tuple:
     )
 
 
+def workload(row: pd.Series) -> str:
+    """What a measured row ran where it is less than the guide's workload: its figure does not stand for the
+    guide's step, which stays predicted."""
+    ran = (row.levers.per_device_train_batch_size, row.levers.max_completion_length)
+    guide = (GUIDE_LEVERS.per_device_train_batch_size, GUIDE_LEVERS.max_completion_length)
+    if ran[0] >= guide[0] and ran[1] >= guide[1]:
+        return ""
+    return (
+        f"; measured on {ran[0]} completions x {ran[1]} tokens, not the guide's {guide[0]} x {guide[1]}, which "
+        "stays predicted"
+    )
+
+
 def measured_cells(results: list[Result]) -> dict[tuple[str, str], tuple[str, str]]:
     """(size class, hardware class) -> the cell text from GRPO result files and the file, newest file first: the
     lightest configuration that ran within its budget, or "does not fit" when every one ran out."""
@@ -127,7 +140,7 @@ def measured_cells(results: list[Result]) -> dict[tuple[str, str], tuple[str, st
             best = fits.iloc[0]
             what = "device" if "device" in best.peak_measure else "host RSS"
             timed = f"{best.step_s:.1f} s/step, rollout {best.rollout_share:.0%}"
-            text = f"fits with {best.label} ({best.peak_bytes / GIB:.1f} GiB {what}; {timed}; {where})"
+            text = f"fits with {best.label} ({best.peak_bytes / GIB:.1f} GiB {what}; {timed}{workload(best)}; {where})"
         else:
             text = f"does not fit: every configuration ran out of memory ({where})"
         cells[(shape, size)] = (text, file)

@@ -37,10 +37,18 @@ from benchmarks.run.machines import run_machines, slurm_record, submit_to_slurm
 from benchmarks.run.model_dirs import materialise
 
 
-def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (), part: str = "grpo") -> Path:
+def run_grpo(
+    profile: Profile,
+    quick: bool,
+    out: Path,
+    only: Sequence[str] = (),
+    part: str = "grpo",
+    deadline: float | None = None,
+) -> Path:
     """The configurations of the profile's ``grpo`` or ``distributed`` part (those whose name matches
-    a pattern of ``only``, if given); returns the result file written. The file says ``complete:
-    false`` until the last configuration has been recorded, and why it ended early where it did."""
+    a pattern of ``only``, if given), each ending by ``deadline`` where given (``within``); returns the result
+    file written. The file says ``complete: false`` until the last configuration has been recorded, and why it
+    ended early where it did."""
     bench = getattr(profile, part)
     assert bench is not None
     shape, hardware = load_shapes()[bench.shape], load_hardware()[profile.hardware]
@@ -71,9 +79,9 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (),
             if on_slurm:
                 ran = slurm_record(submitted[number])
             elif levers.num_machines > 1:
-                ran = run_machines(job, budget, log, timeout_s=timeout_s, gpus=gpus)
+                ran = run_machines(job, budget, log, timeout_s=within(timeout_s, deadline), gpus=gpus)
             else:
-                ran = run_configuration(job, budget, log, timeout_s=timeout_s)
+                ran = run_configuration(job, budget, log, timeout_s=within(timeout_s, deadline))
             configuration = schema.Configuration(name=name, levers=asdict(levers), **vars(ran))
             result.configurations.append(configuration)
             result.finished = schema.now()
@@ -85,6 +93,12 @@ def run_grpo(profile: Profile, quick: bool, out: Path, only: Sequence[str] = (),
         else:
             result.targets = targets(result.configurations, wall, quick)
     return path
+
+
+def within(limit_s: float, deadline: float | None) -> float:
+    """A configuration's time limit, cut to end by ``deadline`` (``time.time()`` seconds) where a caller has one of
+    its own; at least a second, so that a configuration started late is still recorded as the timeout it is."""
+    return limit_s if deadline is None else max(1.0, min(limit_s, deadline - time.time()))
 
 
 def _job(bench: GrpoBench, levers: Levers, model_dir: Path, budget: int) -> Job:
