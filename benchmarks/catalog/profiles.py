@@ -186,8 +186,8 @@ class ContextBench:
     # CPU: glibc's mmap and trim thresholds fixed at this many bytes in each probe (0: glibc's own, which
     # keeps freed tensors in its heap), so that the RSS budget holds live memory (worker.fix_malloc_thresholds)
     malloc_mmap_threshold: int = 0
-    # one untimed step of each stack before its first probe, at `granule` tokens (twice the probe's time
-    # limit): imports, and on CUDA the compiles whose caches later probes reuse, paid outside the search
+    # one untimed step of each stack before its first probe, at `granule` tokens (within a probe's time
+    # limit): imports, and on CUDA the compiles whose caches later probes reuse, paid before the search
     warmup_probe: bool = False
 
 

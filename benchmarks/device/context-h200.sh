@@ -17,14 +17,16 @@
 # size: about 50 MiB, which with the tree stays under the 64 MiB that travels. Then, on the GPU machine, in the repository root:
 #
 #   bash benchmarks/device/context-h200.sh     # the device tool: carry=[".context-site", ".grpo-bench-commit.json"]
+#   bash benchmarks/device/context-h200.sh --all-contenders   # TRL 1.16 and Liger too, after the pair
 #
 # `--rehearse` runs the same flow here on the profile's tiny shapes (--quick), every contender by this
 # machine's python3 (a stack missing here ends as an error, a CUDA-only one as skipped, each saying why).
 #
-# CONTEXT_SECONDS (default 510) bounds the whole search. Every contender runs under the same allocator
-# settings, each stack first takes one untimed warm-up step (Unsloth compiles its loss in every new
-# process), and the file is written after every probe with the verdict so far: a search cut at its
-# limit keeps every probe that ended (the claim's pair runs first) and says `complete: false`. Result
+# CONTEXT_SECONDS (default 510) bounds the whole search, warm-ups included. By default only the claim's pair
+# runs (--all-contenders: every contender of the profile, the pair first). Every contender runs under the same
+# allocator settings, each stack first takes one untimed warm-up step within a probe's time limit (Unsloth
+# compiles its loss in every new process), and the file is written after every probe with the verdict so far:
+# a search cut at its limit keeps every probe that ended and says `complete: false`. Result
 # files land under $OUT (the device tool brings them back) or else results/runs; commit them under
 # results/runs/h200/. The wheel list follows each wheel's metadata; it has not yet run on the device.
 set -euo pipefail
@@ -60,6 +62,10 @@ if [ "${1:-}" = "--prepare" ]; then
   exit 0
 fi
 
+# The claim's pair alone by default (Unsloth against the unchunked TRL 1.14.2), so that the budget goes to the
+# claim; --all-contenders adds TRL 1.16 and Liger after them
+contenders=(--contenders trl-1.14.2,unsloth-2026.10.9)
+for arg in "$@"; do [ "$arg" = --all-contenders ] && contenders=(); done
 quick=()
 if [ "${1:-}" = "--rehearse" ]; then
   quick=(--quick)
@@ -83,7 +89,7 @@ export PYTHONUNBUFFERED=1
 results="${OUT:-results/runs}"
 status=0
 timeout --signal=TERM --kill-after=10 "${CONTEXT_SECONDS:-510}" "$bin/trl-1.16" -m benchmarks context --profile h200 \
-  "${quick[@]}" --out "$results" --python "trl-1.14.2=$bin/trl-1.14.2" --python "trl-1.16=$bin/trl-1.16" \
+  "${quick[@]}" "${contenders[@]}" --out "$results" --python "trl-1.14.2=$bin/trl-1.14.2" --python "trl-1.16=$bin/trl-1.16" \
   --python "trl-1.16-liger=$bin/trl-1.16-liger" --python "unsloth-2026.10.9=$bin/unsloth-2026.10.9" || status=$?
 if [ "$status" = 124 ]; then
   echo "the search reached CONTEXT_SECONDS: its file keeps the contenders it measured and says complete: false"

@@ -192,7 +192,7 @@ def run_contender(
         entry, python, settings, probe_job(name, settings, model_dir, cuda), levers, hardware, cuda, logs, save
     )
     if settings.warmup_probe:  # imports, compiles and on-disk caches paid once, outside the timed probes
-        record, entry.warmup_s = prober.run_step(settings.granule, 2 * settings.probe_timeout_s)
+        record, entry.warmup_s = prober.run_step(settings.granule, settings.probe_timeout_s)  # a probe's limit
         print(f"  {name} warm-up at {settings.granule} tokens: {record.status}, {entry.warmup_s:.0f} s", flush=True)
     try:
         passed, failed = bracket(settings, prober.probe, prober.modelled)
