@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 from benchmarks import REPO
 from benchmarks.catalog.levers import ProfileError
@@ -113,7 +114,7 @@ def _gib(memory_mib: str) -> float:
     """nvidia-smi's MiB in GiB; unified memory ('[N/A]'): /proc/meminfo's MemTotal."""
     if re.fullmatch(r"\d+(\.\d+)?", memory_mib):
         return round(float(memory_mib) / 1024, 2)
-    found = re.search(r"^MemTotal:\s+(\d+) kB", open("/proc/meminfo").read(), re.MULTILINE)
+    found = re.search(r"^MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.MULTILINE)
     return round(int(found.group(1)) / 2**20, 2) if found else 0.0
 
 
