@@ -227,3 +227,24 @@ def test_the_decode_figure_draws_its_own_class_s_spec_and_band_only(hardware, tm
         "NVIDIA DGX Spark (GB10, unified memory): spec 273 GB/s",
     ]
     assert spec == expected[hardware]
+
+
+def test_a_graphs_row_whose_decode_step_was_never_compiled_says_it_ran_eager(monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    from benchmarks.results import schema
+    from benchmarks.run import decode
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU: the row claims CUDA graphs
+
+    def generate(prompts, tokens):
+        pass
+
+    job = {"engine": "transformers-graphs", "dtype": "float32", "new_tokens": 2, "repeats": 1, "points": [(1, 8)]}
+    rows = {}
+    for compiled in (False, True):
+        generate.compiled = lambda compiled=compiled: compiled
+        decode.measure(job, load_shapes()["tiny"], generate)
+        rows[compiled] = json.loads(capsys.readouterr().out.splitlines()[-1])["execution"]
+    assert rows[True] == decode.execution("transformers-graphs", True) and "CUDA graphs" in rows[True]
+    assert rows[False] == decode.NOT_COMPILED  # checked, not assumed
+    assert schema.DecodePoint(engine="transformers-graphs", status="ok", execution=rows[False]).launch_bound

@@ -93,6 +93,7 @@ def transformers_engine(job: dict) -> Callable[[list[list[int]], int], None]:
         if device == "cuda":
             torch.cuda.synchronize()
 
+    generate.compiled = lambda: hasattr(model, "_compiled_call")  # generate compiled the decode step (graphs)
     return generate
 
 
@@ -133,11 +134,26 @@ def execution(engine: str, cuda: bool) -> str:
     return "eager (transformers generate): bound by kernel launches, not bandwidth" if cuda else "eager"
 
 
+# A graphs row whose decode step transformers did not compile ran eager: said so, and not held to the spec
+NOT_COMPILED = (
+    "static KV cache, eager: transformers did not compile the decode step, so no CUDA graphs; bound by kernel "
+    "launches, not bandwidth"
+)
+
+
+def checked_execution(job: dict, generate: Callable, cuda: bool) -> str:
+    """How the engine ran, checked where it can be: graphs asked for on CUDA but never compiled are eager."""
+    claimed = execution(job["engine"], cuda)
+    if job["engine"] == "transformers-graphs" and cuda and not generate.compiled():
+        return NOT_COMPILED
+    return claimed
+
+
 def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], None]) -> None:
     import torch
 
     new_tokens, repeats = job["new_tokens"], job["repeats"]
-    how = execution(job["engine"], torch.cuda.is_available())
+    cuda = torch.cuda.is_available()
     # graphs: the warm-up fills the point's static cache at its longest (the timed calls reuse it) and compiles
     warmup_tokens = new_tokens + 1 if job["engine"] == "transformers-graphs" else 2
     for batch, context in job["points"]:
@@ -145,6 +161,7 @@ def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], 
         started = time.perf_counter()
         generate(prompts, warmup_tokens)  # warm-up at this size
         warmup_s = time.perf_counter() - started
+        how = checked_execution(job, generate, cuda)
         ttft, full = [], []
         for _ in range(repeats):
             started = time.perf_counter()
