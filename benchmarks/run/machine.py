@@ -102,7 +102,11 @@ def git(*args: str) -> str | None:
 
 
 def commit_from_git() -> schema.Commit | None:
-    """HEAD and the dirty state of tracked files, or None where git or the checkout is missing."""
+    """HEAD and the dirty state of tracked files, or None where git or the checkout is missing (a copied tree
+    inside another checkout is not that checkout's commit)."""
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != REPO.resolve():
+        return None
     head = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
     if not head or status is None:
