@@ -132,7 +132,7 @@ DEVICE_FILES = 7  # the most files the lent GPU machine returns from $OUT
 
 @nox.session(default=False)
 def rehearse(session: nox.Session) -> None:
-    """The H200 script's whole flow on tiny shapes, in an environment shaped like its image (profiles/images.toml)."""
+    """Both H200 scripts' whole flows on tiny shapes, in an environment shaped like the image (profiles/images.toml)."""
     image = images.load_images()["h200"]
     # The image's torch is 2.11.0's CUDA build; the nearest here is the CPU build of the project's pin (said so below)
     torch_pins = nox.project.dependency_groups(PYPROJECT, "torch")
@@ -148,14 +148,16 @@ def rehearse(session: nox.Session) -> None:
     site_packages = session.run("python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", silent=True)
     guard = f"{Path.cwd()}\nimport benchmarks.catalog.images; benchmarks.catalog.images.install({image.name!r})\n"
     (Path(site_packages.strip()) / "grpo-bench-image-guard.pth").write_text(guard)
-    out = Path(session.create_tmp()) / "out"
-    shutil.rmtree(out, ignore_errors=True)  # this rehearsal's files only
-    path = f"{session.bin}{os.pathsep}{os.environ['PATH']}"
-    session.run("bash", "benchmarks/device/h200.sh", "--rehearse", external=True, env={"PATH": path, "OUT": str(out)})
-    written = sorted(p.name for p in (out / image.name).iterdir())
-    if len(written) > DEVICE_FILES:
-        session.error(f"{len(written)} files under $OUT, more than the device returns ({DEVICE_FILES}): {written}")
-    session.log(f"the rehearsal's {len(written)} files, under {out / image.name}: {', '.join(written)}")
+    for script in ("h200.sh", "context-h200.sh"):  # each a loan of its own: its own $OUT
+        out = Path(session.create_tmp()) / script.removesuffix(".sh")
+        shutil.rmtree(out, ignore_errors=True)  # this rehearsal's files only
+        path = f"{session.bin}{os.pathsep}{os.environ['PATH']}"
+        env = {"PATH": path, "OUT": str(out)}
+        session.run("bash", f"benchmarks/device/{script}", "--rehearse", external=True, env=env)
+        written = sorted(p.name for p in (out / image.name).iterdir())
+        if len(written) > DEVICE_FILES:
+            session.error(f"{script}: {len(written)} files under $OUT, more than the device returns: {written}")
+        session.log(f"{script}: {len(written)} files under {out / image.name}: {', '.join(written)}")
 
 
 # The context search's contenders (profiles/contenders.toml, which the code reads too): each unmodified in
