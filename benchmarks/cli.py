@@ -373,6 +373,21 @@ def fix_malloc_thresholds(profile: profiles.Profile) -> None:
     print(f"glibc's mmap and trim thresholds fixed at {threshold} bytes in every process of this run")
 
 
+def calibrated(profile: profiles.Profile) -> schema.Calibration | None:
+    """This CPU's calibration, where the profile runs on it; a GPU profile's parts are timed on the device, and
+    its estimates come from the class's own earlier runs (unscaled) or the time model."""
+    if profile.hardware != "cpu":
+        print("no CPU calibration: a GPU profile's parts run on the device")
+        return None
+    started = time.monotonic()
+    found = pace.calibrate()
+    print(
+        f"calibration ({time.monotonic() - started:.1f} s): Python {found.python_s * 1e3:.0f} ms, "
+        f"interpreter start {found.spawn_s * 1e3:.0f} ms, fp32 tensor work {found.torch_s * 1e3:.0f} ms"
+    )
+    return found
+
+
 def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """The profile's parts (or those ``--only`` names), each writing its result file, then the run's pace."""
     print_environment()
@@ -400,11 +415,7 @@ def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"  the memory model: {predicted.line()}")
     fix_malloc_thresholds(profile)
     started = time.monotonic()
-    calibration = pace.calibrate()
-    print(
-        f"calibration ({time.monotonic() - started:.1f} s): Python {calibration.python_s * 1e3:.0f} ms, "
-        f"interpreter start {calibration.spawn_s * 1e3:.0f} ms, fp32 tensor work {calibration.torch_s * 1e3:.0f} ms"
-    )
+    calibration = calibrated(profile)
     estimates = pace.estimate_run([args.out, RESULTS], profile, parts, args.quick, calibration, configuration_filter)
     print(pace.estimate_line(estimates), flush=True)
     whole_profile = len(parts) == len(profile.parts) and configuration_filter is None

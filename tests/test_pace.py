@@ -142,3 +142,20 @@ def test_the_pace_lands_in_a_grpo_file_and_in_a_rewards_block(tmp_path, grpo_run
     pace.record(rewards_path, record)
     written = json.loads(rewards_path.read_text())
     assert written["grpo_bench"]["pace"]["estimated_s"] == 10.0 and written["machine_info"] == {"kept": True}
+
+
+def test_a_gpu_profile_is_not_calibrated_and_takes_its_class_s_own_earlier_run_unscaled(tmp_path, grpo_run, capsys):
+    from benchmarks import cli
+    from benchmarks.report import time_tables
+
+    h100 = profiles.load("h100")
+    assert cli.calibrated(h100) is None and "no CPU calibration" in capsys.readouterr().out
+    then = schema.Pace(calibration=None, part_s=300.0, estimated_s=250.0, reference=None, predicted=True)
+    ran = [configuration(name, 75.0) for name, _ in profiles.configurations(h100.grpo)]
+    run = grpo_run(configurations=ran, complete=True, quick=False, pace=then)
+    run.profile = schema.ProfileRecord(hardware="h100", name="h100")
+    schema.write(tmp_path / "h100" / "20261201T000000Z-grpo.json", run)
+    [part] = pace.estimate_run([tmp_path], h100, ["grpo"], False, None)
+    assert part.seconds == pytest.approx(300.0) and part.scale == 1.0 and not part.predicted
+    [row] = [line for line in time_tables.runs_table(schema.load_results(tmp_path)).splitlines() if "h100" in line]
+    assert "| none " in row and "grpo 300 s" in row

@@ -39,7 +39,8 @@ def series(results: list[Result]) -> list[Chart]:
 def _note(result: Result) -> str:
     machine, commit = frames.provenance(result)
     found = pace.pace_of(result.record)
-    calibration = f"\ncalibration: Python {found.calibration.python_s * 1e3:.0f} ms" if found else ""
+    calibrated = found and found.calibration
+    calibration = f"\ncalibration: Python {found.calibration.python_s * 1e3:.0f} ms" if calibrated else ""
     return f"{result.path}\n{machine}, commit {commit}{calibration}"
 
 

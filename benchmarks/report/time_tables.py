@@ -196,7 +196,9 @@ def runs_table(results: list[Result]) -> str:
     for result in results:
         found = pace.pace_of(result.record)
         if found is not None:
-            key = (pace.profile_name(result.record), result.quick, found.calibration.python_s)
+            # a run's files share its calibration; a GPU run's (none) share the part files' run stamp
+            shared = found.calibration.python_s if found.calibration else result.path.split("/")[-1][:16]
+            key = (pace.profile_name(result.record), result.quick, shared)
             runs.setdefault(key, []).append(result)
     rows = [_run_row(files) for files in runs.values()]
     if not rows:
@@ -208,15 +210,15 @@ def _run_row(files: list[Result]) -> dict[str, str]:
     paces = [pace.pace_of(r.record) for r in files]
     last = paces[-1]
     calibration = last.calibration
-    bandwidth = f", {calibration.bandwidth_gb_s:.0f} GB/s" if calibration.bandwidth_gb_s else ""
+    bandwidth = f", {calibration.bandwidth_gb_s:.0f} GB/s" if calibration and calibration.bandwidth_gb_s else ""
+    calibrated = f"{calibration.python_s * 1e3:.0f} ms, {calibration.torch_s * 1e3:.0f} ms" if calibration else "none"
     limit = [t for t in last.run_targets if "finishes within" in t.claim]
     estimate = last.run_estimated_s / last.run_s - 1 if last.run_s and last.run_estimated_s else None
     return {
         "run": files[0].path.split("/")[-1][:16],
         "profile": pace.profile_name(files[-1].record) + (" --quick" if files[-1].quick else ""),
         "machine": getattr(getattr(files[-1].record, "machine", None), "cpu", ""),
-        "calibration (Python, tensor)": f"{calibration.python_s * 1e3:.0f} ms, {calibration.torch_s * 1e3:.0f} ms"
-        + bandwidth,
+        "calibration (Python, tensor)": calibrated + bandwidth,
         "parts": ", ".join(f"{r.kind} {p.part_s:.0f} s" for r, p in zip(files, paces)),
         "whole run": pace.clock(last.run_s) if last.run_s else "(a part alone)",
         "estimate": f"{estimate:+.0%}" if estimate is not None else "",

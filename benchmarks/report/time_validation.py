@@ -64,7 +64,7 @@ def calibration_of(result: Result, results: list[Result]) -> Calibration | None:
     """The calibration the run recorded, with its bandwidth (from the same run's decode part where the
     calibration predates the bandwidth probe), or None: its machine is not described."""
     found = getattr(result.record, "pace", None)
-    if found is None:
+    if found is None or found.calibration is None:  # no pace, or a GPU run's (no CPU calibration)
         return None
     calibration = found.calibration
     if calibration.bandwidth_gb_s:

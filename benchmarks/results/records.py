@@ -128,7 +128,7 @@ class Pace:
     """How long a part took against what was estimated before it started. The last part of a run also
     holds the whole run's time, its estimate and the profile's time targets."""
 
-    calibration: Calibration
+    calibration: Calibration | None  # None: a GPU profile, whose parts run on the device (no CPU calibration)
     part_s: float
     estimated_s: float | None  # None: no earlier run of this profile and part here to scale, and no prediction
     reference: str | None  # the result file the estimate scaled, under results/runs (None: predicted, or none)

@@ -146,7 +146,7 @@ def estimate_part(
     profile: Profile,
     part: str,
     quick: bool,
-    calibration: schema.Calibration,
+    calibration: schema.Calibration | None,
     names: Sequence[str] | None = None,
 ) -> PartEstimate:
     """``part``'s time here: its reference run's, scaled by the calibrations (and, for a GRPO part, by the
@@ -158,7 +158,8 @@ def estimate_part(
             return PartEstimate(part, predicted, None, None, predicted=True)
         return PartEstimate(part, None, None, None, f"no earlier {part} run of profile {profile.name} with a pace here")
     then = pace_of(found.record)
-    factor = scale(calibration, then.calibration, part)
+    # a GPU profile's own earlier run on the same class stands as it is: its parts ran on the device
+    factor = scale(calibration, then.calibration, part) if calibration and then.calibration else 1.0
     return PartEstimate(part, then.part_s * factor * share(found.record, names), found.path, factor)
 
 
@@ -167,7 +168,7 @@ def estimate_run(
     profile: Profile,
     parts: Sequence[str],
     quick: bool,
-    calibration: schema.Calibration,
+    calibration: schema.Calibration | None,
     patterns: Sequence[str] | None = None,
 ) -> list[PartEstimate]:
     """Every part's estimate from the result files under ``results_dirs`` (those that exist); ``patterns``:
