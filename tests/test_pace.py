@@ -159,3 +159,12 @@ def test_a_gpu_profile_is_not_calibrated_and_takes_its_class_s_own_earlier_run_u
     assert part.seconds == pytest.approx(300.0) and part.scale == 1.0 and not part.predicted
     [row] = [line for line in time_tables.runs_table(schema.load_results(tmp_path)).splitlines() if "h100" in line]
     assert "| none " in row and "grpo 300 s" in row
+
+
+def test_a_target_prints_four_significant_digits_and_keeps_the_raw_value():
+    target = schema.Target.at_most("the part finishes within 15 minutes", 163.97170993899994, 900.0)
+    assert target.line() == "target: the part finishes within 15 minutes: met (measured 164, limit 900)"
+    assert target.measured == 163.97170993899994  # the file keeps what was measured
+    assert "measured 0.01223, limit 0.02" in schema.Target.at_most("overhead", 0.012234036756299256, 0.02).line()
+    assert "measured 1,235, limit 1,200" in schema.Target.at_most("whole run", 1234.6, 1200.0).line()
+    assert "not measured (measured none, limit 0.25)" in schema.Target.at_most("estimate", None, 0.25).line()

@@ -34,9 +34,14 @@ class Target:
         return cls(claim=claim, measured=measured, limit=limit, met=None if measured is None else measured <= limit)
 
     def line(self) -> str:
-        """The target as a run prints it."""
+        """The target as a run prints it: four significant digits at most (the file keeps the raw values)."""
         met = {True: "met", False: "MISSED", None: "not measured"}[self.met]
-        return f"target: {self.claim}: {met} (measured {self.measured}, limit {self.limit})"
+        return f"target: {self.claim}: {met} (measured {readable(self.measured)}, limit {readable(self.limit)})"
+
+
+def readable(value: float | None) -> str:
+    """A figure as a person reads it: four significant digits, thousands separated; "none" where nothing was."""
+    return "none" if value is None else f"{value:,.4g}"
 
 
 @dataclass(kw_only=True)
