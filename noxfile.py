@@ -38,20 +38,23 @@ def _install(
     if stack is not None:
         also = (*also, stack.engine)
     if torch:
-        # Before anything that depends on torch, so that pip keeps this build (the CPU one
-        # on a CPU machine) instead of resolving a CUDA download; then held by a constraint,
-        # since a stack that pins torch itself (unsloth) would otherwise replace it.
-        torch_pins = (stack.torch,) if stack else nox.project.dependency_groups(PYPROJECT, "torch")
-        session.install(*torch_pins)
-        constraints = Path(session.create_tmp()) / "torch-constraints.txt"
-        constraints.write_text("\n".join(torch_pins) + "\n")
-        pins = ("-c", str(constraints))
+        pins = _torch_first(session, (stack.torch,) if stack else nox.project.dependency_groups(PYPROJECT, "torch"))
     if "distributed" in extras.split(","):
         _install_deepspeed(session, pins)
     session.install("-e", f".[{extras}]", *also, *pins)
     if torch:
         # run_install: part of installing, so that `--install-only` does it too
         session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *BREAKS_TRANSFORMERS, silent=True)
+
+
+def _torch_first(session: nox.Session, torch_pins: tuple[str, ...]) -> tuple[str, ...]:
+    """torch installed before anything that depends on it, so that pip keeps this build (the CPU one on a CPU
+    machine) instead of resolving a CUDA download; then held by a constraint, since a stack that pins torch
+    itself (unsloth) would otherwise replace it: the ``-c FILE`` arguments that hold it."""
+    session.install(*torch_pins)
+    constraints = Path(session.create_tmp()) / "torch-constraints.txt"
+    constraints.write_text("\n".join(torch_pins) + "\n")
+    return ("-c", str(constraints))
 
 
 def _install_deepspeed(session: nox.Session, pins: tuple[str, ...]) -> None:
@@ -135,13 +138,8 @@ def rehearse(session: nox.Session) -> None:
     """Both H200 scripts' whole flows on tiny shapes, in an environment shaped like the image (profiles/images.toml)."""
     image = images.load_images()["h200"]
     # The image's torch is 2.11.0's CUDA build; the nearest here is the CPU build of the project's pin (said so below)
-    torch_pins = nox.project.dependency_groups(PYPROJECT, "torch")
-    session.install(*torch_pins)
-    constraints = Path(session.create_tmp()) / "torch-constraints.txt"
-    constraints.write_text("\n".join(torch_pins) + "\n")
-    session.install(
-        *(f"{n}=={image.versions[n]}" if n in image.versions else n for n in image.rehearsed), "-c", str(constraints)
-    )
+    pins = _torch_first(session, nox.project.dependency_groups(PYPROJECT, "torch"))
+    session.install(*(f"{n}=={image.versions[n]}" if n in image.versions else n for n in image.rehearsed), *pins)
     session.install("--no-deps", *image.carried)  # as the script installs its wheels there
     session.run("python", "-m", "benchmarks.catalog.images", "check", image.name)  # nothing the image lacks
     # The guard, at every interpreter's start: whatever else is installed here stays out of reach, as there

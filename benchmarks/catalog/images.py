@@ -9,6 +9,7 @@ nothing), as it is there. Standard library only: it runs at an interpreter's sta
 from __future__ import annotations
 
 import functools
+import platform
 import re
 import sys
 import tomllib
@@ -66,13 +67,6 @@ def reachable(image: Image) -> set[str]:
     return found
 
 
-def outside(image: Image) -> dict[str, str]:
-    """The installed distributions here that ``image`` neither holds nor needs (``name: version``); this project's
-    own aside."""
-    allowed = reachable(image)
-    return {name: version for name, version in _installed().items() if name not in allowed and name != "grpo-bench"}
-
-
 def refused_modules(image: Image) -> set[str]:
     """Top-level modules that only distributions outside ``image`` provide."""
     allowed = reachable(image)
@@ -95,15 +89,17 @@ def main(argv: list[str]) -> int:
         print(f"usage: python -m benchmarks.catalog.images check {{{','.join(load_images())}}}", file=sys.stderr)
         return 2
     image = load_images()[argv[1]]
-    extra = outside(image)
+    installed, allowed = _installed(), reachable(image)
+    extra = {name: v for name, v in installed.items() if name not in allowed and name != "grpo-bench"}
     for name, version in sorted(extra.items()):
         print(f"{name} {version}: not on the {image.name} image ({image.source})")
-    pulled = sorted(set(_installed()) & reachable(image) - image.allowed)
+    pulled = sorted(set(installed) & allowed - image.allowed)
     if pulled:
         print(f"not in the image's list, required here by a newer release of one of its packages: {', '.join(pulled)}")
-    differ = {n: v for n, v in image.versions.items() if n in _installed() and _installed()[n] != v}
-    for name, version in sorted(differ.items()):
-        print(f"{name}: {_installed()[name]} here, {version} on the {image.name} image (the nearest build here)")
+    here = {**installed, "python": platform.python_version()}
+    for name, version in sorted({**image.versions, "python": image.python}.items()):
+        if name in here and not here[name].startswith(version):
+            print(f"{name}: {here[name]} here, {version} on the {image.name} image (the nearest build here)")
     return 1 if extra else 0
 
 

@@ -36,7 +36,6 @@ class Machine:
     gpu_memory_gib: float = 0.0
     gpus: int = 0
     toolkit: bool = False  # nvcc on PATH or CUDA_HOME set
-    description: str = ""
 
     @property
     def driver_branch(self) -> int:

@@ -309,14 +309,11 @@ def _inherited(path: Path, directory: Path, seen: tuple[str, ...]) -> dict:
     own = _read(path)
     if "quick" in own and not isinstance(own["quick"], dict):
         raise ProfileError(f"{path}: quick: expected a table")
+    if path.stem == BASE:
+        return own
     parent = own.pop("inherits", BASE)
     if not isinstance(parent, str) or not (directory / f"{parent}.toml").is_file() or parent in seen:
         raise ProfileError(f"{path}: inherits: {parent!r} is not another profile of {directory}")
-    if parent == BASE:
-        base = _read(directory / f"{BASE}.toml")
-        if "quick" in base and not isinstance(base["quick"], dict):
-            raise ProfileError(f"{directory / BASE}.toml: quick: expected a table")
-        return _merge(base, own)
     return _merge(_inherited(directory / f"{parent}.toml", directory, (*seen, parent)), own)
 
 

@@ -4,18 +4,21 @@ GPU class a first run's time, part by part, where no earlier run of the profile 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from benchmarks.catalog.profiles import (
     GRPO_PARTS,
     DecodeBench,
+    GrpoBench,
+    Levers,
     Profile,
     combination_problem,
     configurations,
     load_hardware,
     load_shapes,
 )
+from benchmarks.catalog.shapes import Shape
 from benchmarks.model.bandwidth import decode_step_bytes
 from benchmarks.model.estimate import DTYPE_BYTES, GIB, MODELLED_OPTIMIZERS, Workload, as_run, estimate
 from benchmarks.model.timing import DECODE_MBU, TRAINING_MFU, Rates, assumed_rates, step_time
@@ -48,16 +51,21 @@ class PredictedFit:
         return line + (f": {self.engine_cannot_start}" if self.engine_cannot_start else "")
 
 
+def as_run_configurations(profile: Profile, part: str) -> Iterator[tuple[str, GrpoBench, Levers, Shape]]:
+    """``part``'s configurations of ``profile`` in the order they run, each as the run hands it to the trainer."""
+    hardware, bench = load_hardware()[profile.hardware], getattr(profile, part)
+    shape = load_shapes()[bench.shape]
+    for name, levers in configurations(bench):
+        yield name, bench, as_run(bench, levers, shape, hardware), shape
+
+
 def predicted_fits(profile: Profile) -> list[PredictedFit]:
     """Every GRPO configuration of ``profile``'s parts, in the order they run, against the model on its class."""
     hardware = load_hardware()[profile.hardware]
     found = []
     for part in (p for p in profile.parts if p in GRPO_PARTS):
-        bench = getattr(profile, part)
-        shape = load_shapes()[bench.shape]
-        capacity = min(bench.memory_budget_gib, hardware.memory_gib or bench.memory_budget_gib) * GIB
-        for name, levers in configurations(bench):
-            levers = as_run(bench, levers, shape, hardware)
+        for name, bench, levers, shape in as_run_configurations(profile, part):
+            capacity = min(bench.memory_budget_gib, hardware.memory_gib or bench.memory_budget_gib) * GIB
             why = combination_problem(levers) or (
                 ""
                 if levers.optim in MODELLED_OPTIMIZERS
@@ -92,17 +100,14 @@ def predicted_part_s(profile: Profile, part: str, names: Sequence[str] | None = 
         return None
     if part == "decode":
         return _decode_s(profile.decode, rates)
-    bench = getattr(profile, part, None) if part in GRPO_PARTS else None
-    if bench is None:
+    if part not in GRPO_PARTS or getattr(profile, part, None) is None:
         return None
-    shape, seconds = load_shapes()[bench.shape], 0.0
-    for name, levers in configurations(bench):
-        if names is not None and name not in names:
-            continue
-        levers = as_run(bench, levers, shape, hardware)
-        work = Workload.from_levers(levers, bench.prompt_words)
-        step = step_time(shape, bench.dtype, levers, work, rates).step_s
-        seconds += SETUP_S + (bench.warmup_steps + bench.measured_steps) * step
+    seconds = 0.0
+    for name, bench, levers, shape in as_run_configurations(profile, part):
+        if names is None or name in names:
+            work = Workload.from_levers(levers, bench.prompt_words)
+            step = step_time(shape, bench.dtype, levers, work, rates).step_s
+            seconds += SETUP_S + (bench.warmup_steps + bench.measured_steps) * step
     return seconds
 
 

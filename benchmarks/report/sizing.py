@@ -14,7 +14,7 @@ from benchmarks.model.estimate import GIB, GPU_COUNTS, Workload, engine_sized_to
 from benchmarks.model.timing import GPU_ASSUMPTIONS, Rates
 from benchmarks.report import frames, time_tables
 from benchmarks.report.time_validation import FITTED_TIME_FILES
-from benchmarks.results.schema import HOST_RSS, Result
+from benchmarks.results.schema import Result
 
 GUIDE_ANCHORS = ("24gb", "h200", "b200")  # the classes the guide's table names: always shown
 CLASS_NAMES = {"24gb": "24GB-class", "a100": "A100-class", "h100": "H100-class", "h200": "H200-class"}
@@ -126,9 +126,7 @@ def measured_cells(results: list[Result]) -> dict[tuple[str, str], tuple[str, st
     configurations = frames.configurations([r for r in results if not r.quick])
     if configurations.empty:
         return {}
-    ran = configurations[configurations.status.isin(["ok", "oom"])]
-    # a GPU class's row headlined by host RSS trained on the CPU (files from before the worker's check): not a cell
-    ran = ran[(ran.gpu_class == "cpu") | (ran.status == "oom") | (ran.peak_measure != HOST_RSS)].copy()
+    ran = configurations[configurations.status.isin(["ok", "oom"])].copy()
     ran["lightness"], ran["label"] = ran.levers.map(_lightness), ran.levers.map(_lever_label)
     cells: dict[tuple[str, str], tuple[str, str]] = {}
     for (shape, size, file, date), group in ran.sort_values("date", kind="stable").groupby(

@@ -339,9 +339,8 @@ def _device_headline(
         )
     if held:
         return held, "device memory held by the worker's processes (NVML usedGpuMemory)"
-    if many:
-        return held, f"device memory used above the baseline ({device.source})"
-    return sampler.device_used_peaks, f"device memory used above the baseline ({device.source})"
+    # many ranks share the devices: their use above the baseline is no one rank's
+    return held if many else sampler.device_used_peaks, f"device memory used above the baseline ({device.source})"
 
 
 def _ending(

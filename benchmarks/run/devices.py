@@ -140,6 +140,7 @@ class DeviceMemory:
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(g.index) for g in gpus]
         self.unified = any(g.memory_source == UNIFIED for g in gpus)
         self.floor_bytes = int(floor_gib * GIB) if self.unified else 0
+        self.available_bytes = 0  # unified memory: MemAvailable at the last read
         self.baseline = self._used()
         self.source = (
             UNIFIED + ", used minus the baseline before the worker started"
@@ -149,15 +150,14 @@ class DeviceMemory:
         )
 
     def below_floor(self) -> bool:
-        """Unified memory only: the host's MemAvailable under the floor."""
-        if not self.floor_bytes:
-            return False
-        total, used = meminfo_bytes(self.meminfo)
-        return total - used < self.floor_bytes
+        """Unified memory only: the host's MemAvailable under the floor, as the last sweep read it."""
+        return bool(self.floor_bytes) and self.available_bytes < self.floor_bytes
 
     def _used(self) -> int:
         if self.unified:
-            return meminfo_bytes(self.meminfo)[1]
+            total, used = meminfo_bytes(self.meminfo)
+            self.available_bytes = total - used  # the floor's figure, from the same read
+            return used
         return sum(self.nvml.nvmlDeviceGetMemoryInfo(h).used for h in self.handles)
 
     def read(self, groups: dict[Any, set[int]]) -> tuple[dict[Any, int | None], int]:
