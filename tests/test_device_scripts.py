@@ -179,7 +179,8 @@ def test_the_h200_run_starts_only_on_the_tree_its_commit_record_names(tmp_path, 
 def test_a_grpo_part_forced_past_its_budget_leaves_a_timeout_record_naming_its_phase(tmp_path):
     pytest.importorskip("trl")
     env = {**os.environ, "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    env["H200_BUDGETS"] = "grpo-3b=20"  # its tiny row needs longer than the 12 s left to it here
+    # the part keeps a 60 s budget, but its configurations must end 1 s after it starts: no row can, however fast
+    env |= {"H200_BUDGETS": "grpo-3b=60", "H200_DEADLINE_MARGIN_S": "59"}
     script = str(REPO / "benchmarks" / "device" / "h200.sh")
     done = subprocess.run(["bash", script, "--rehearse"], capture_output=True, text=True, env=env, timeout=900)
     assert "grpo-3b: done" in done.stdout, done.stdout[-3000:]  # ended by itself, inside the script's budget

@@ -57,9 +57,12 @@ if [ "$mode" = --prepare ]; then
 fi
 
 quick=()
+margin_s=8  # a part's configurations end this long before its budget: time to record them
 if [ "$mode" = --rehearse ]; then
   quick=(--quick)  # the profiles' tiny shapes; the CUDA-only steps skip themselves, saying why
-  for given in ${H200_BUDGETS:-}; do BUDGET_S[${given%=*}]=${given#*=}; done  # e.g. "grpo-3b=25": an overrun rehearsed
+  # an overrun rehearsed: a part's budget ("grpo-3b=60") and how long before its end its configurations must stop
+  for given in ${H200_BUDGETS:-}; do BUDGET_S[${given%=*}]=${given#*=}; done
+  margin_s=${H200_DEADLINE_MARGIN_S:-$margin_s}
 elif [ "$mode" = run ]; then
   # a result names the commit that ran: this tree must be the one its record was written from (no git here)
   if ! python3 -c 'import sys; from benchmarks.run.machine import commit; c = commit(); print(f"commit: {c.id} ({c.source})"); sys.exit(0 if c.id and not c.dirty else 3)'; then
@@ -87,7 +90,7 @@ for part in "${PARTS[@]}"; do
   else
     read -ra chosen <<<"${PROFILE[$part]}"
     # its configurations end ~8 s before the part's budget, as timeout records with their phase, not cut from outside
-    deadline=$(($(date +%s) + BUDGET_S[$part] - 8))
+    deadline=$(($(date +%s) + BUDGET_S[$part] - margin_s))
     command=(python3 -m benchmarks bench --profile "${chosen[@]}" --out "$results" --deadline "$deadline" "${quick[@]}")
   fi
   status=0
