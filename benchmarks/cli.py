@@ -3,6 +3,7 @@
     python -m benchmarks bench [--profile NAME] [--hardware CLASS] [--quick] [--only PATTERN] [--out DIR]
     python -m benchmarks decode-report FILE...   # a decode result's table and figure, made again
     python -m benchmarks estimate --shape 32b --hardware h200 [--levers optim=adamw_8bit,model=lora] [...]
+    python -m benchmarks plan --shape 32b [--method lora] [--levers K=V,...] [--price h100=2.5 ...] [--all]
     python -m benchmarks tables [--results DIR] [--out DIR] [--doc FILE ...]
     python -m benchmarks compare [A B ...] [--results DIR] [--out DIR]
     python -m benchmarks site [--results DIR] [--out DIR] [--screenshot FILE]
@@ -28,12 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import REPO, summaries
+from benchmarks import REPO, estimating, planning, summaries
 from benchmarks.catalog import machines, profiles
 from benchmarks.catalog.contenders import CONTENDERS
-from benchmarks.catalog.levers import GUIDE_PROMPT_TOKENS
-from benchmarks.estimating import run_estimate
-from benchmarks.model import estimate, fit
+from benchmarks.model import fit
 from benchmarks.report import compare, figures, site, tables
 from benchmarks.results import schema
 from benchmarks.run import context, decode, devices, grpo, machine, pace, worker
@@ -214,7 +213,8 @@ def command_line() -> argparse.ArgumentParser:
     remake = commands.add_parser("decode-report", help="(re)make the table and figure of decode result files")
     remake.add_argument("files", nargs="+", type=Path, metavar="FILE")
     _context_options(commands)
-    _estimate_options(commands)
+    estimating.add_options(commands)
+    planning.add_options(commands)
     tabulate = commands.add_parser("tables", help="regenerate results/tables/*.md from every result file")
     tabulate.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
     tabulate.add_argument("--out", type=Path, default=REPO / "results" / "tables", help="default: results/tables")
@@ -283,26 +283,10 @@ def _context_options(commands: argparse._SubParsersAction) -> None:
     search.add_argument("--out", type=Path, default=RESULTS, help="results directory (default: results/runs)")
 
 
-def _estimate_options(commands: argparse._SubParsersAction) -> None:
-    guess = commands.add_parser("estimate", help="the analytic model's memory per term for one GRPO step")
-    guess.add_argument("--shape", required=True, help="a shape of profiles/shapes.toml")
-    guess.add_argument("--hardware", required=True, help="a hardware class of profiles/hardware.toml")
-    guess.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 or float16 (default bfloat16)")
-    guess.add_argument("--levers", default="", help="GRPOConfig fields and model/lora_r: k=v,k=v (TOML values)")
-    guess.add_argument(
-        "--prompt-tokens", type=int, default=GUIDE_PROMPT_TOKENS, help="prompt length (completions: the levers')"
-    )
-    guess.add_argument(
-        "--min-gpus",
-        action="store_true",
-        help=f"the smallest GPU count of {estimate.GPU_COUNTS} that fits these levers",
-    )
-    guess.add_argument("--logits", default="trl-tiled", choices=estimate.LOGITS_PATHS, help="the loss's logits path")
-    guess.add_argument(
-        "--price-per-gpu-hour",
-        type=float,
-        help="a GPU-hour's price: the cost of 1,000 steps is printed beside their hours",
-    )
+def commands_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """A subcommand's own parser, so that its errors print its own usage."""
+    action = next(a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
 
 
 def dispatch(argv: list[str] | None = None) -> int:
@@ -312,7 +296,9 @@ def dispatch(argv: list[str] | None = None) -> int:
         print(f"{machine.PROVENANCE.name}: {machine.write_provenance().short}")
         return 0
     if args.command == "estimate":
-        return run_estimate(parser, args)
+        return estimating.run_estimate(commands_parser(parser, "estimate"), args)
+    if args.command == "plan":
+        return planning.run_plan(commands_parser(parser, "plan"), args)
     if args.command == "tables":
         return run_tables(args)
     if args.command == "compare":

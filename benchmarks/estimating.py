@@ -1,89 +1,71 @@
 """``python -m benchmarks estimate``: the memory and time models for one shape, lever set and hardware class:
-memory per term and phase, whether it fits and what would, seconds per phase and per step, throughput,
-GPU-hours and their cost."""
+memory per term and phase, a verdict and its reason, what would fit where nothing does, seconds per phase and
+per step, throughput, GPU-hours and their cost. Its defaults are the ones every answer shares (``model.guide``)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tomllib
-from dataclasses import dataclass, replace
 
 from benchmarks import REPO
-from benchmarks.catalog import profiles, shapes
-from benchmarks.catalog.levers import GUIDE_LEVERS
-from benchmarks.model import estimate, timing
-from benchmarks.report import sizing, time_validation
+from benchmarks.catalog import profiles
+from benchmarks.catalog.levers import GUIDE_PROMPT_TOKENS
+from benchmarks.model import estimate, guide, plan, timing
+from benchmarks.report import time_validation
 from benchmarks.results import schema
+from benchmarks.results.records import readable
 from benchmarks.run import pace
 
 RESULTS = REPO / "results" / "runs"
+BOOLEANS = {"true": True, "false": False}
 
 
-WORKLOAD_LEVERS = ("num_generations", "per_device_train_batch_size", "max_completion_length")
-ESTIMATE_BASE = {name: getattr(GUIDE_LEVERS, name) for name in WORKLOAD_LEVERS}  # the guide's workload
-
-
-def parse_levers(text: str, base: dict | None = None) -> profiles.Levers:
-    """``k=v,k=v`` as Levers over ``base``; values read as TOML (true, 0.04, "x") or else as plain strings."""
-    table = dict(base or {})
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
+def parse_levers(texts: list[str], base: profiles.Levers = guide.GUIDE_BASE) -> tuple[profiles.Levers, frozenset[str]]:
+    """Every ``--levers k=v,k=v`` over ``base``, and the names given; values read as TOML (true, 0.04, "x"), True
+    and False too, else as plain strings. A lever given twice with two values is refused."""
+    table: dict = {}
+    for item in (part.strip() for text in texts for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = (s.strip() for s in item.partition("="))
         if not sep:
             raise profiles.ProfileError(f"--levers: {item!r} is not KEY=VALUE")
-        try:
-            table[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            table[key.strip()] = value.strip()
-    levers = profiles._build(profiles.Levers, table, "--levers", partial=True)
+        parsed = BOOLEANS.get(value.lower(), _toml_value(value))
+        if key in table and table[key] != parsed:
+            raise profiles.ProfileError(f"--levers: {key} given twice, as {table[key]!r} and {parsed!r}")
+        table[key] = parsed
+    levers = profiles._build(profiles.Levers, dataclasses.asdict(base) | table, "--levers", partial=True)
     profiles.check_levers(levers, "--levers", "levers")
-    return levers
+    return levers, frozenset(table)
+
+
+def _toml_value(value: str) -> object:
+    try:
+        return tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return value
 
 
 def workload_line(levers: profiles.Levers, prompt_tokens: int) -> str:
     """The workload the estimate assumes, in TRL's terms, stated once."""
-    prompts = levers.per_device_train_batch_size // levers.num_generations
+    prompts = levers.per_device_train_batch_size * levers.gradient_accumulation_steps // levers.num_generations
     world = levers.world_size
     line = (
-        f"per rank: {levers.per_device_train_batch_size} completions a step ({prompts} prompt(s) x "
-        f"num_generations={levers.num_generations}) of {prompt_tokens} prompt + {levers.max_completion_length} "
-        "completion tokens"
+        f"per rank: {levers.per_device_train_batch_size * levers.gradient_accumulation_steps} completions a step "
+        f"({prompts} prompt(s) x num_generations={levers.num_generations}) of {prompt_tokens} prompt + "
+        f"{levers.max_completion_length} completion tokens"
     )
     if world > 1:
         line += (
             f"; {world} ranks ({levers.num_machines} machine(s) x {levers.num_processes}, {levers.distributed_type}): "
-            f"{world * levers.per_device_train_batch_size} completions a step in all"
+            f"{world * prompts * levers.num_generations} completions a step in all"
         )
     return line
 
 
-@dataclass(frozen=True)
-class Sizer:
-    """The memory model for one shape, dtype and hardware class, as ``estimate`` asks it."""
-
-    shape: shapes.Shape
-    hardware: profiles.Hardware
-    dtype: str
-    prompt_tokens: int
-    logits: str
-
-    @property
-    def capacity(self) -> float:
-        return self.hardware.memory_gib * estimate.GIB
-
-    def predict(self, levers: profiles.Levers) -> estimate.Estimate:
-        work = estimate.Workload.from_levers(levers, self.prompt_tokens)
-        return estimate.estimate(self.shape, self.dtype, levers, work, self.hardware, self.logits, malloc_fixed=True)
-
-    def fits(self, levers: profiles.Levers) -> bool:
-        return profiles.combination_problem(levers) is None and self.predict(levers).fits(self.capacity)
-
-    def smallest(self, levers: profiles.Levers, counts: tuple[int, ...]) -> profiles.Levers | None:
-        """``levers`` on the first of ``counts`` GPUs that fits, or None."""
-        return next((c for c in (estimate.on_gpus(levers, n) for n in counts) if self.fits(c)), None)
-
-
-def estimate_sizer(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sizer:
-    """The sizer ``estimate``'s arguments ask for; a parser error naming a bad one."""
+def asked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[plan.Ask, str, profiles.Hardware]:
+    """The shape, levers and card ``estimate``'s arguments ask for; a parser error naming a bad one."""
     shape_catalog, catalog = profiles.load_shapes(), profiles.load_hardware()
     if args.shape not in shape_catalog:
         parser.error(f"--shape {args.shape!r}: not in profiles/shapes.toml ({', '.join(shape_catalog)})")
@@ -93,76 +75,116 @@ def estimate_sizer(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error(f"--prompt-tokens must be positive, got {args.prompt_tokens}")
     if args.price_per_gpu_hour is not None and args.price_per_gpu_hour < 0:
         parser.error(f"--price-per-gpu-hour must be at least 0, got {args.price_per_gpu_hour}")
-    return Sizer(shape_catalog[args.shape], catalog[args.hardware], args.dtype, args.prompt_tokens, args.logits)
+    try:
+        levers, given = parse_levers(args.levers)
+    except profiles.ProfileError as error:
+        parser.error(str(error))
+    if args.dtype not in estimate.DTYPE_BYTES:
+        parser.error(f"--dtype {args.dtype!r}: one of {', '.join(estimate.DTYPE_BYTES)}")
+    if args.min_gpus and not catalog[args.hardware].peak_bf16_tflops:
+        parser.error(f"--min-gpus: {args.hardware!r} is one machine, with no GPU count to choose")
+    ask = plan.Ask(shape_catalog[args.shape], levers, given, args.prompt_tokens, args.dtype)
+    return ask, args.hardware, catalog[args.hardware]
 
 
 def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    sizer = estimate_sizer(parser, args)
-    hardware = sizer.hardware
-    try:
-        levers = parse_levers(args.levers, ESTIMATE_BASE)
-        if args.min_gpus:
-            found = sizer.smallest(levers, estimate.GPU_COUNTS)
-            if found is None:
-                most = estimate.GPU_COUNTS[-1]
-                print(f"{args.shape} does not fit {most} x {hardware.name} with these levers (predicted)")
-                return 0
-            levers = found
-        est = sizer.predict(levers)
-    except (profiles.ProfileError, ValueError) as error:
-        parser.error(str(error))
+    ask, card, hardware = asked(parser, args)
+    if args.min_gpus:
+        found = plan.smallest(ask, hardware, card)
+        if found is None:
+            print(f"{args.shape} does not fit any count up to {estimate.GPU_COUNTS[-1]} x {hardware.name} (predicted)")
+            why = plan.why_not(ask, hardware, card, estimate.GPU_COUNTS[-1])
+            print("\n".join(why_not_lines(why, hardware.name, estimate.GPU_COUNTS[-1])))
+            return 1
+        levers, server = found.levers, found.server_gpus
+    else:
+        levers, server = ask.on(ask.base, 1, hardware), 0
+    est = ask.predict(levers, hardware)
+    capacity = hardware.memory_gib * estimate.GIB
     print(
-        f"{args.shape} ({sizer.shape.param_count() / 1e9:.2f}B) {args.dtype} on {levers.world_size} x "
-        f"{hardware.name} ({hardware.memory_gib:g} GiB each)"
+        f"{args.shape} ({ask.shape.param_count() / 1e9:.4g}B params, {ask.dtype}) on "
+        f"{levers.world_size + server} x {hardware.name} ({readable(hardware.memory_gib)} GiB each)"
     )
-    print(workload_line(levers, args.prompt_tokens))
-    print(f"levers: {levers}")
-    print_memory(sizer, levers, est, args.min_gpus)
-    print_step_time(args, sizer.shape, levers, hardware)
-    if not est.fits(sizer.capacity):
-        print_what_would_fit(sizer, levers)
-    return 0
+    print(workload_line(levers, ask.prompt_tokens))
+    print(f"levers beside the defaults: {guide.differing(ask.base, guide.GUIDE_BASE)}")
+    print(f"  which is: {guide.in_words(levers, server)}{engine_line(ask, levers)}")
+    print_memory(est)
+    fits = est.fits(capacity) and profiles.combination_problem(levers) is None
+    print("\n" + verdict(est, capacity, hardware.name, args.min_gpus))
+    if fits:
+        rates = step_rates(levers, hardware)
+        print_step_time(args, plan.Setup(card, hardware, levers, server, est.peak, ask.step(levers, rates)), rates)
+        return 0
+    print("no time or cost: it does not fit")
+    if hardware.peak_bf16_tflops:  # a GPU class: what would fit on more of it, or with other levers
+        why = plan.why_not(ask, hardware, card, levers.world_size)
+        print("\n".join(why_not_lines(why, hardware.name, levers.world_size)))
+    return 1
 
 
-def print_memory(sizer: Sizer, levers: profiles.Levers, est: estimate.Estimate, min_gpus: bool) -> None:
-    """Every term per phase, the peak and whether it fits, and why an engine could not start."""
+def engine_line(ask: plan.Ask, levers: profiles.Levers) -> str:
+    if not (levers.use_vllm and levers.vllm_mode == "colocate"):
+        return ""
+    how = "as given" if "vllm_gpu_memory_utilization" in ask.fixed else "sized to the rollout"
+    return f"; the engine's share {levers.vllm_gpu_memory_utilization:.2f} of the device, {how}"
+
+
+def verdict(est: estimate.Estimate, capacity: float, name: str, min_gpus: bool) -> str:
+    """One line: fits or not, and why."""
+    peak, of = f"{readable(est.peak / estimate.GIB)} GiB", f"{readable(capacity / estimate.GIB)} GiB"
+    if est.engine_cannot_start:
+        return f"does NOT fit (predicted): {est.engine_cannot_start}"
+    if est.peak > capacity:
+        phase = est.phases[est.peak_phase]
+        term, value = max(phase.items(), key=lambda item: item[1])
+        return (
+            f"does NOT fit (predicted): peak {peak} is over the {of} of one {name} by "
+            f"{readable((est.peak - capacity) / estimate.GIB)} GiB in {est.peak_phase}; its largest term is {term}, "
+            f"{readable(value / estimate.GIB)} GiB"
+        )
+    fewest = "; the fewest GPUs that fit" if min_gpus else ""
+    return (
+        f"fits (predicted): peak {peak} of {of} per GPU in {est.peak_phase}, "
+        f"{readable((capacity - est.peak) / estimate.GIB)} GiB ({1 - est.peak / capacity:.0%}) to spare{fewest}"
+    )
+
+
+def print_memory(est: estimate.Estimate) -> None:
+    """Every term per phase, largest first."""
     for phase, terms in est.phases.items():
-        print(f"\n{phase}, per GPU: {est.total(phase) / estimate.GIB:.2f} GiB")
+        print(f"\n{phase}, per GPU: {readable(est.total(phase) / estimate.GIB)} GiB")
         for term, value in sorted(terms.items(), key=lambda item: -item[1]):
-            print(f"  {term:24} {value / estimate.GIB:9.2f} GiB  {est.notes.get(term, '')}")
+            print(f"  {term:24} {readable(value / estimate.GIB):>9} GiB  {est.notes.get(term, '')}")
     for term, note in est.notes.items():
         if not any(term in terms for terms in est.phases.values()):
             print(f"  ({note})")
-    fits = "fits" if est.fits(sizer.capacity) else "does NOT fit"
-    print(
-        f"\npeak {est.peak / estimate.GIB:.2f} GiB per GPU in {est.peak_phase}: {fits} "
-        f"{sizer.hardware.memory_gib:g} GiB (predicted)"
-        + (f"; the smallest GPU count of {estimate.GPU_COUNTS} that fits" if min_gpus else "")
-    )
-    if est.engine_cannot_start:
-        work = estimate.Workload.from_levers(levers, sizer.prompt_tokens)
-        share = estimate.engine_need(sizer.shape, sizer.dtype, levers, work).total / sizer.capacity
-        hold = f"; vllm_gpu_memory_utilization >= {share:.2f} would hold it" if share <= 1 else ""
-        print(f"{est.engine_cannot_start}{hold}")
 
 
-def print_what_would_fit(sizer: Sizer, levers: profiles.Levers) -> None:
-    """The lightest lever set over these levers on as many GPUs, and the fewest GPUs, that would hold it."""
-    gpus, name = levers.world_size, sizer.hardware.name
-    lighter = [
-        (label, change) for label, change in sizing.ladder(sizer.hardware) if sizer.fits(replace(levers, **change))
-    ]
-    if lighter:
-        label, change = lighter[0]
-        print(f"on {gpus} x {name}, {label} would hold it ({change})")
-    more = sizer.smallest(levers, tuple(count for count in estimate.GPU_COUNTS if count > gpus))
-    if more is not None:
-        print(f"{more.world_size} x {name} would hold it ({more.distributed_type}; see --min-gpus)")
-    elif not lighter:
-        print(
-            f"no lighter lever set here and no count up to {estimate.GPU_COUNTS[-1]} GPUs holds it: what one GPU "
-            "processes has to shrink (per_device_train_batch_size, max_completion_length)"
+def why_not_lines(why: plan.WhyNot, name: str, count: int) -> list[str]:
+    """The binding term, whether it shrinks with GPUs, and the smallest change that fits, in words."""
+    gib, most = estimate.GIB, estimate.GPU_COUNTS[-1]
+    if why.engine:
+        lines = [f"why not, on {count} GPU(s): {why.engine}"]
+    else:
+        lines = [
+            f"why not, on {count} GPU(s): peak {readable(why.peak / gib)} GiB against {readable(why.capacity / gib)} "
+            f"GiB per {name}; the binding term is {why.term}, {readable(why.term_bytes / gib)} GiB per GPU"
+        ]
+    if why.shrinks:
+        lines.append(
+            f"  {why.term} shrinks with more GPUs: {readable(why.most_gpus_bytes / gib)} GiB per GPU on {most}"
         )
+    else:
+        lines.append(f"  {why.term} does not shrink with more GPUs: each rank holds its own, on 1 GPU or {most}")
+    if why.setup is None:
+        lines.append("  no change of up to three levers fits any count up to 64 either")
+    else:
+        s = why.setup
+        lines.append(
+            f"  the smallest change that fits: {why.changed()}: {s.gpus} x {name}, {s.words()} "
+            f"(peak {readable(s.peak / gib)} GiB per GPU, predicted)"
+        )
+    return lines
 
 
 def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> timing.Rates:
@@ -178,25 +200,86 @@ def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> timing.R
     return time_validation.machine_rates(coefficients, calibration, levers.num_processes, reward_s)
 
 
-def print_step_time(
-    args: argparse.Namespace, shape: shapes.Shape, levers: profiles.Levers, hardware: profiles.Hardware
-) -> None:
-    """Seconds per phase and per step, throughput and GPU-hours, from the time model (and a cost, if priced)."""
-    try:
-        rates = step_rates(levers, hardware)
-    except ValueError as error:
-        print(f"\nno time estimate: {error}")
-        return
-    work = estimate.Workload.from_levers(levers, args.prompt_tokens)
-    predicted = timing.step_time(shape, args.dtype, levers, work, rates)
-    print(f"\ntime per step, per GPU (predicted; {rates.source}):")
-    for phase, seconds in predicted.phases.items():
-        print(f"  {phase:24} {seconds:9.2f} s")
-    gpus = predicted.gpus
-    print(f"  {'step':24} {predicted.step_s:9.2f} s; the rollout {predicted.rollout_share:.0%} of it")
-    hours = predicted.gpu_hours(1000)
-    line = f"{predicted.tokens_per_s_per_gpu:,.0f} completion tokens/s per GPU; {hours:,.1f} GPU-hours per 1,000 steps"
-    if args.price_per_gpu_hour is not None:
-        line += f" on {gpus} GPU(s): {hours * args.price_per_gpu_hour:,.2f} at {args.price_per_gpu_hour:g} a GPU-hour"
-    print(line)
-    print(time_validation.error_line(hardware.gpu_class))
+def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: timing.Rates) -> None:
+    """Seconds per phase and per step, throughput, and GPU-hours and cost of the guide's 1,000 steps."""
+    step = setup.step
+    print(f"\ntime per step, per GPU (predicted; {rates.source})")
+    print(time_validation.error_line(setup.hardware.gpu_class))
+    for phase, seconds in step.phases.items():
+        print(f"  {phase:24} {readable(seconds):>9} s")
+    print(f"  {'step':24} {readable(step.step_s):>9} s; the rollout {step.rollout_share:.0%} of it")
+    job = dataclasses.replace(guide.GUIDE_JOB, completion_tokens=setup.levers.max_completion_length)
+    print(print_cost(setup, job, args.price_per_gpu_hour, args.currency))
+
+
+def print_cost(setup: plan.Setup, job: guide.Job, price: float | None, currency: str) -> str:
+    hours = setup.gpu_hours(job)
+    line = (
+        f"{readable(setup.tokens_per_s / setup.gpus)} completion tokens/s per GPU; {readable(hours)} GPU-hours "
+        f"for {job.line()} on {setup.gpus} GPU(s)"
+    )
+    if price is not None:
+        per_million = price * hours / (job.tokens / 1e6)
+        line += (
+            f"\ncost: {readable(hours * price)} {currency} at {readable(price)} {currency} a GPU-hour; "
+            f"{readable(per_million)} {currency} per million completion tokens"
+        )
+    return line
+
+
+def shapes_and_classes() -> str:
+    """The shapes and hardware classes, for ``--help``."""
+    catalog = profiles.load_hardware()
+    return (
+        f"shapes: {', '.join(n for n in profiles.load_shapes() if not n.startswith('tiny'))}\n"
+        f"hardware: {', '.join(n for n, h in catalog.items() if h.memory_gib)}"
+    )
+
+
+ESTIMATE_EXAMPLES = """examples:
+  python -m benchmarks estimate --shape 32b --hardware h200 --levers model=lora
+      --levers gradient_checkpointing=true,vllm_enable_sleep_mode=true
+  python -m benchmarks estimate --shape 7b --hardware rtx4090 --levers model=lora --min-gpus
+"""
+DEFAULTS = (
+    "Defaults, shared with sizing.md and the claims ledger: the guide's workload (8 completions of 1024 tokens "
+    "after a 256-token prompt a GPU), bfloat16, a reference model (beta 0.04) and a colocated vLLM engine whose "
+    "share is sized to the rollout unless vllm_gpu_memory_utilization is given."
+)
+
+
+def add_options(commands: argparse._SubParsersAction) -> None:
+    epilog = f"{DEFAULTS}\n\n{shapes_and_classes()}\n\n{ESTIMATE_EXAMPLES}"
+    guess = commands.add_parser(
+        "estimate",
+        help="the models' memory per term, verdict, time and cost for one setup",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    guess.add_argument("--shape", required=True, help="a shape of profiles/shapes.toml (below)")
+    guess.add_argument("--hardware", required=True, help="a hardware class of profiles/hardware.toml (below)")
+    guess.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 or float16 (default bfloat16)")
+    lever_options(guess)
+    guess.add_argument(
+        "--prompt-tokens", type=int, default=GUIDE_PROMPT_TOKENS, help="prompt length (completions: the levers')"
+    )
+    guess.add_argument(
+        "--min-gpus",
+        action="store_true",
+        help=f"the smallest GPU count of {estimate.GPU_COUNTS} that fits these levers",
+    )
+    guess.add_argument(
+        "--price-per-gpu-hour", type=float, help="a GPU-hour's price: the cost is printed beside the hours"
+    )
+    guess.add_argument("--currency", default="USD", help="the price's currency (default USD)")
+
+
+def lever_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--levers",
+        action="append",
+        default=[],
+        metavar="K=V,...",
+        help="GRPOConfig fields and model/lora_r (TOML values; True and False too); may repeat, a lever given "
+        "twice with two values is refused",
+    )

@@ -79,24 +79,54 @@ def test_on_gpus_fills_machines_of_eight_and_splits_the_colocated_engine_over_th
 
 def test_estimate_answers_how_many_gpus_a_size_class_needs(capsys):
     levers = "model=lora,gradient_checkpointing=true,use_vllm=true,vllm_enable_sleep_mode=true"
-    assert main(["estimate", "--shape", "72b", "--hardware", "h100", "--levers", levers]) == 0
+    assert main(["estimate", "--shape", "72b", "--hardware", "h100", "--levers", levers]) == 1
     single = capsys.readouterr().out
-    assert "on 1 x NVIDIA H100" in single and "does NOT fit" in single
-    assert "x NVIDIA H100 SXM would hold it (zero3; see --min-gpus)" in single
+    assert "on 1 x NVIDIA H100" in single and "\ndoes NOT fit (predicted): " in single
+    assert "the smallest change that fits: more GPUs: " in single and "no time or cost: it does not fit" in single
+    assert "time per step" not in single
     assert main(["estimate", "--shape", "72b", "--hardware", "h100", "--levers", levers, "--min-gpus"]) == 0
     out = capsys.readouterr().out
     count = int(out.split(" x NVIDIA")[0].rsplit(" ", 1)[-1])
-    assert count > 1 and "fits 79.65 GiB" in out and f"{count} ranks" in out
+    assert count > 1 and "\nfits (predicted): peak" in out and "of 79.65 GiB per GPU" in out and f"{count} ranks" in out
     # one statement of the workload, from the levers themselves
     assert "per rank: 8 completions a step (1 prompt(s) x num_generations=8) of 256 prompt + 1024 completion" in out
 
 
-def test_estimate_states_the_workload_the_levers_give(capsys):
+def test_estimate_states_the_workload_and_only_the_levers_that_differ_from_the_defaults(capsys):
     levers = "num_generations=4,per_device_train_batch_size=8,max_completion_length=32"
     assert main(["estimate", "--shape", "0.5b", "--hardware", "h100", "--levers", levers]) == 0
     out = capsys.readouterr().out
     assert "per rank: 8 completions a step (2 prompt(s) x num_generations=4) of 256 prompt + 32 completion" in out
-    assert "Levers(" in out and "max_completion_length=32" in out
+    assert "Levers(" not in out
+    assert "levers beside the defaults: num_generations=4, max_completion_length=32\n" in out
+
+
+def test_levers_accept_true_in_either_case_merge_when_repeated_and_refuse_two_values(capsys):
+    assert main(["estimate", "--shape", "0.5b", "--hardware", "h100", "--levers", "model=lora",
+                 "--levers", "gradient_checkpointing=True"]) == 0  # fmt: skip
+    assert "levers beside the defaults: gradient_checkpointing=true, model=lora\n" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["estimate", "--shape", "0.5b", "--hardware", "h100", "--levers", "model=lora", "--levers", "model=full"])
+    assert "--levers: model given twice, as 'lora' and 'full'" in capsys.readouterr().err
+
+
+def test_seven_b_lora_on_a_24gb_card_says_why_not_and_what_would_fit_and_exits_non_zero(capsys):
+    assert main(["estimate", "--shape", "7b", "--hardware", "rtx4090", "--levers", "model=lora", "--min-gpus"]) == 1
+    out = capsys.readouterr().out
+    assert "7b does not fit any count up to 64 x NVIDIA GeForce RTX 4090 (predicted)" in out
+    assert "the binding term is activations" in out
+    assert "activations does not shrink with more GPUs" in out
+    change = out.split("the smallest change that fits: ")[1]
+    assert change.startswith("gradient_checkpointing=true: ") and "NVIDIA GeForce RTX 4090, LoRA" in change
+    assert "{" not in out  # no Python dict
+
+
+def test_a_hint_names_the_configuration_that_results_in_words_not_a_ladder_label(capsys):
+    assert main(["estimate", "--shape", "70b", "--hardware", "h200", "--levers", "model=qlora"]) == 1
+    out = capsys.readouterr().out
+    change = out.split("the smallest change that fits: ")[1].splitlines()[0]
+    assert change.startswith("gradient_checkpointing=true: 1 x NVIDIA H200, QLoRA, ")  # the user's QLoRA, kept
+    assert "{" not in out and ", full," not in change
 
 
 def test_a_zero3_rank_of_a_large_model_holds_a_fraction_of_one_gpu_s_states():
@@ -157,14 +187,6 @@ def test_unsloth_s_gpu_path_shares_its_engine_s_weights_and_offloads_its_checkpo
         on_cpu.phases["training"]["activations"]
         == estimate(shape, "bfloat16", levers, work, cpu).phases["training"]["activations"]
     )
-
-
-def test_estimate_names_the_lightest_lever_set_that_would_hold_what_does_not_fit(capsys):
-    levers = "use_vllm=true,vllm_gpu_memory_utilization=0.4"
-    assert main(["estimate", "--shape", "3b", "--hardware", "rtx4090", "--levers", levers]) == 0
-    out = capsys.readouterr().out
-    assert "does NOT fit" in out
-    assert "on 1 x NVIDIA GeForce RTX 4090, LoRA, checkpointing would hold it" in out
 
 
 LEVER_SHAPES = ("0.5b", "7b", "32b", "72b", "qwen3-30b-a3b", "gpt-oss-20b")

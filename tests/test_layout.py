@@ -20,6 +20,7 @@ LAYERS = {
     "report": 4,  # tables, comparisons, figures from result files
     "cli": 5,
     "estimating": 5,  # the estimate command
+    "planning": 5,  # the plan command
     "summaries": 5,  # what each part prints when it ends
     "__main__": 5,
 }

@@ -138,9 +138,9 @@ def test_spark_at_its_budget_is_slower_than_an_h200_and_faster_at_192_than_180()
 def test_estimate_prints_seconds_throughput_gpu_hours_and_cost(capsys):
     cli.main(["estimate", "--shape", "8b", "--hardware", "h200", "--levers", "model=lora", "--price-per-gpu-hour", "4"])
     out = capsys.readouterr().out
-    for text in ("time per step, per GPU", "forward_backward", "completion tokens/s per GPU", "GPU-hours per 1,000"):
+    for text in ("time per step, per GPU", "forward_backward", "completion tokens/s per GPU", "GPU-hours for 1,000"):
         assert text in out
-    assert "at 4 a GPU-hour" in out and "assumptions" in out
+    assert "at 4 USD a GPU-hour" in out and "USD per million completion tokens" in out and "assumptions" in out
 
 
 def test_estimate_refuses_a_negative_price(capsys):

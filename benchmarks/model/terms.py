@@ -174,13 +174,19 @@ def engine_need(shape: Shape, dtype: str, levers: Levers, work: Workload) -> Eng
     return EngineNeed(int(weights / tp), kv, VLLM_OVERHEAD_BYTES, precision)
 
 
-def qlora_weight_bytes(shape: Shape, b: int) -> float:
-    """A 4-bit base: bitsandbytes quantizes linears; the embedding, and a MoE's experts (3-D tensors in
-    transformers 5, not linears), stay 16-bit."""
+def quantised_params(shape: Shape) -> int:
+    """The parameters bitsandbytes quantizes to 4 bits under QLoRA: every linear's (``qlora_weight_bytes``)."""
     kept = shape.vocab_size * shape.hidden_size
     if shape.moe:
         kept += shape.num_hidden_layers * shape.num_experts * shape.expert_params()
-    return (shape.param_count() - kept) * NF4_BYTES_PER_PARAM + kept * b
+    return shape.param_count() - kept
+
+
+def qlora_weight_bytes(shape: Shape, b: int) -> float:
+    """A 4-bit base: bitsandbytes quantizes linears; the embedding, and a MoE's experts (3-D tensors in
+    transformers 5, not linears), stay 16-bit."""
+    quantised = quantised_params(shape)
+    return quantised * NF4_BYTES_PER_PARAM + (shape.param_count() - quantised) * b
 
 
 def trainable_params(shape: Shape, levers: Levers) -> int:

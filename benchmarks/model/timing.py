@@ -37,7 +37,22 @@ from benchmarks.model.estimate import (
     layer_activation_bytes,
     qlora_weight_bytes,
 )
-from benchmarks.model.terms import trainable_element_bytes, trainable_params
+from benchmarks.model.terms import NF4_BYTES_PER_PARAM, quantised_params, trainable_element_bytes, trainable_params
+
+# bitsandbytes' matmul_4bit multiplies one token's vector by the 4-bit weight directly (gemv_4bit); any larger input,
+# and every backward, goes through MatMul4Bit, which dequantizes the weight to 16 bits first (bitsandbytes
+# autograd/_functions.py; vLLM's bitsandbytes method calls matmul_4bit too): the 4-bit weight read, 16 bits written,
+# then read by the matmul, a parameter each time.
+DEQUANTISED_BYTES_PER_PARAM = NF4_BYTES_PER_PARAM + 2 + 2
+
+
+def dequantised(shape: Shape, levers: Levers, passes: float) -> Work:
+    """QLoRA's dequantization over ``passes`` of every quantised linear with more than one token: beyond the
+    4-bit read the weights' bytes already count, the 16-bit copy written and read."""
+    if levers.model != "qlora":
+        return Work()
+    return Work(bytes=quantised_params(shape) * (DEQUANTISED_BYTES_PER_PARAM - NF4_BYTES_PER_PARAM) * passes)
+
 
 # pace._torch_work: 8 rounds of 4 (576 x 1536) linears on 512 rows, forward (4 matmuls) and backward (4 weight
 # gradients, 3 input gradients: the first layer's input needs none), 2 FLOPs a multiply-add.
@@ -138,7 +153,8 @@ def rollout_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> di
         - attention_flops(shape, sequences, prompt)
     )
     prefill = Work(flops=2 * n * sequences * prompt + attention_flops(shape, sequences, prompt))
-    decode = Work(flops=decode_flops, bytes=steps * midway.total)
+    prefill += dequantised(shape, levers, 1)
+    decode = Work(flops=decode_flops, bytes=steps * midway.total) + dequantised(shape, levers, steps * (sequences > 1))
     if levers.distributed_type == "zero3" and levers.ds3_gather_for_generation and levers.world_size > 1:
         prefill += Work(link_bytes=weights * (levers.world_size - 1) / levers.world_size)  # gathered to generate
     if not levers.use_vllm:
@@ -159,9 +175,11 @@ def training_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> d
     length = work.prompt_tokens + work.completion_tokens
     sequences = work.rollout_sequences
     micro_batches = sequences / work.completions
-    forward = Work(
-        flops=2 * matmul_params(shape) * sequences * length + attention_flops(shape, sequences, length)
-    ) + eager_passes(shape, levers, micro_batches)
+    forward = (
+        Work(flops=2 * matmul_params(shape) * sequences * length + attention_flops(shape, sequences, length))
+        + eager_passes(shape, levers, micro_batches)
+        + dequantised(shape, levers, micro_batches)
+    )
     peft = levers.peft
     # forward, input gradients, weight gradients (not under PEFT), and a recompute with checkpointing
     passes = 2 + (0 if peft else 1) + (1 if levers.gradient_checkpointing else 0)
@@ -254,9 +272,13 @@ class StepTime:
 def step_time(
     shape: Shape, dtype: str, levers: Levers, work: Workload, rates: Rates, malloc_fixed: bool = False
 ) -> StepTime:
-    seconds = {phase: rates.seconds(w) for phase, w in phase_work(shape, dtype, levers, work, malloc_fixed).items()}
-    tokens = work.rollout_sequences * work.completion_tokens
-    return StepTime(seconds, tokens, levers.world_size)
+    return timed(phase_work(shape, dtype, levers, work, malloc_fixed), rates, work, levers.world_size)
+
+
+def timed(phases: dict[str, Work], rates: Rates, work: Workload, gpus: int) -> StepTime:
+    """Each phase's work at ``rates``: one rank's step."""
+    seconds = {phase: rates.seconds(w) for phase, w in phases.items()}
+    return StepTime(seconds, work.rollout_sequences * work.completion_tokens, gpus)
 
 
 # GPU classes: peaks times these efficiencies, each an assumption with its source until a run replaces it.

@@ -16,12 +16,10 @@ from benchmarks.catalog.contenders import BASELINE
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.catalog.targets import CLAIM_HOLDS_WITHIN
 from benchmarks.model.estimate import GIB, estimate
+from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_WORKLOAD
 from benchmarks.report import frames
 from benchmarks.report.sizing import (
     CLASS_NAMES,
-    SIZING_BASE,
-    SIZING_DTYPE,
-    SIZING_WORKLOAD,
     hardware_for,
     measured_cells,
     predicted_cell,
@@ -101,7 +99,7 @@ def _anchor_claim(key: str, guide: str, size: str, gpu_class: str, results: list
     if cell is None:
         model = f"{size} does not fit any number of {name} GPUs at the guide's workload (predicted)"
     else:
-        count, label, peak, _ = cell
+        count, label, peak = cell.count, cell.label, cell.peak
         verdict = "holds" if count == 1 else "does not hold: needs more than one GPU"
         model = f"{size}: {count} x {name}, {label}, {peak / GIB:.0f} GiB per GPU: {verdict}"
     measured, file = measured_cells(results).get((size, gpu_class), (None, None))
@@ -128,8 +126,8 @@ def three_lever_fits(size: str) -> dict[tuple[str, ...], float]:
     for count in range(len(THREE_LEVERS) + 1):
         for engaged in combinations(THREE_LEVERS, count):
             change = {k: v for name in engaged for k, v in THREE_LEVERS[name].items()}
-            levers = vllm_share(replace(SIZING_BASE, **change), size, hardware)
-            peaks[engaged] = estimate(shape, SIZING_DTYPE, levers, SIZING_WORKLOAD, hardware, malloc_fixed=True).peak
+            levers = vllm_share(replace(GUIDE_BASE, **change), size, hardware)
+            peaks[engaged] = estimate(shape, GUIDE_DTYPE, levers, GUIDE_WORKLOAD, hardware, malloc_fixed=True).peak
     return peaks
 
 

@@ -10,8 +10,8 @@ import pandas as pd
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.model.bandwidth import decode_step_bytes, experts_read, rollout_seconds
 from benchmarks.model.estimate import GIB, NF4_BYTES_PER_PARAM
+from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_WORKLOAD
 from benchmarks.report import frames, time_tables
-from benchmarks.report.sizing import SIZING_BASE, SIZING_DTYPE, SIZING_WORKLOAD
 from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile, RolloutShape
 from benchmarks.run import context
 
@@ -64,8 +64,8 @@ def decode_table(results: list[Result]) -> str:
     columns = ["machine", "file", "engine", "context", "GB/s", "of ceiling"]
     lines.append(frames.markdown(pd.DataFrame(measured, columns=columns), numeric=("context", "GB/s", "of ceiling")))
     lines += ["", *precision_rows(rollout)]
-    spark_levers = replace(SIZING_BASE, model="lora", gradient_checkpointing=True)
-    lines += ["", *time_tables.spark_rows(SIZING_WORKLOAD, spark_levers, SIZING_DTYPE)]
+    spark_levers = replace(GUIDE_BASE, model="lora", gradient_checkpointing=True)
+    lines += ["", *time_tables.spark_rows(GUIDE_WORKLOAD, spark_levers, GUIDE_DTYPE)]
     return "\n".join(lines) + "\n"
 
 

@@ -4,13 +4,15 @@ model), with the step's seconds (the time model)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from benchmarks.catalog.levers import GUIDE_LEVERS, GUIDE_PROMPT_TOKENS, MODELS
+from benchmarks.catalog.levers import GUIDE_LEVERS, MODELS
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
-from benchmarks.model.estimate import GIB, GPU_COUNTS, Workload, engine_sized_to_rollout, estimate, on_gpus
+from benchmarks.model import guide, plan
+from benchmarks.model.estimate import GIB, GPU_COUNTS, estimate, on_gpus
+from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_JOB, GUIDE_WORKLOAD, LADDER
 from benchmarks.model.timing import GPU_ASSUMPTIONS, Rates
 from benchmarks.report import frames, time_tables
 from benchmarks.report.time_validation import FITTED_TIME_FILES
@@ -19,30 +21,6 @@ from benchmarks.results.schema import Result
 GUIDE_ANCHORS = ("24gb", "h200", "b200")  # the classes the guide's table names: always shown
 CLASS_NAMES = {"24gb": "24GB-class", "a100": "A100-class", "h100": "H100-class", "h200": "H200-class"}
 CLASS_NAMES |= {"b200": "B200-class", "spark": "DGX Spark", "cpu": "CPU only", "gpu": "other GPUs"}
-# The guide's residency: policy, reference model (the KL term) and a colocated vLLM engine; one
-# prompt's 8 generations of 1024 tokens after a 256-token prompt, bf16.
-SIZING_DTYPE = "bfloat16"
-SIZING_WORKLOAD = Workload.from_levers(GUIDE_LEVERS, GUIDE_PROMPT_TOKENS)
-SIZING_BASE = replace(GUIDE_LEVERS, use_vllm=True, beta=0.04)
-# Lever sets from the least machinery to the most; the first that fits is the cell.
-LADDER = (
-    ("full, AdamW", {}),
-    ("full, AdamW, checkpointing", {"gradient_checkpointing": True}),
-    ("full, 8-bit AdamW, checkpointing", {"gradient_checkpointing": True, "optim": "adamw_8bit"}),
-    (
-        "full, 8-bit AdamW, checkpointing, vLLM sleep",
-        {"gradient_checkpointing": True, "optim": "adamw_8bit", "vllm_enable_sleep_mode": True},
-    ),
-    ("LoRA, checkpointing", {"model": "lora", "gradient_checkpointing": True}),
-    (
-        "LoRA, checkpointing, vLLM sleep",
-        {"model": "lora", "gradient_checkpointing": True, "vllm_enable_sleep_mode": True},
-    ),
-    (
-        "QLoRA, checkpointing, vLLM sleep",
-        {"model": "qlora", "gradient_checkpointing": True, "vllm_enable_sleep_mode": True},
-    ),
-)
 # What the guide's "Memory Anchors by Size Class" says, per size class, beside what this suite finds.
 GUIDE_SAYS = {
     "0.5b": "24GB-class, with vLLM sleep + 8-bit AdamW + checkpointing together",
@@ -61,30 +39,38 @@ def hardware_for(gpu_class: str, catalog: dict[str, Hardware]) -> tuple[str, Har
 
 
 def vllm_share(levers: Levers, shape_name: str, hardware: Hardware) -> Levers:
-    """The engine sized to the guide's rollout (``estimate.engine_sized_to_rollout``)."""
-    return engine_sized_to_rollout(load_shapes()[shape_name], SIZING_DTYPE, levers, SIZING_WORKLOAD, hardware)
+    """The engine's share by the one rule (``guide.engine_share``)."""
+    return guide.engine_share(load_shapes()[shape_name], GUIDE_DTYPE, levers, hardware, GUIDE_WORKLOAD.prompt_tokens)
 
 
-def ladder(hardware: Hardware) -> list[tuple[str, dict]]:
-    """The lever sets of LADDER that ``hardware`` can run: on a CPU neither QLoRA's 4-bit bitsandbytes
-    nor vLLM sleep mode, both CUDA only."""
-    if hardware.gpu_class != "cpu":
-        return list(LADDER)
-    return [(label, c) for label, c in LADDER if c.get("model") != "qlora" and not c.get("vllm_enable_sleep_mode")]
+@dataclass(frozen=True)
+class Cell:
+    """A predicted cell: the fewest GPUs, the lightest lever set there (its label, peak and levers) and the
+    fastest (``plan.fastest``; None on a CPU, which has no GPU count to weigh)."""
+
+    count: int
+    label: str
+    peak: float
+    levers: Levers
+    fastest: plan.Setup | None
 
 
-def predicted_cell(shape_name: str, hardware: Hardware) -> tuple[int, str, float, Levers] | None:
+def predicted_cell(shape_name: str, hardware: Hardware) -> Cell | None:
     """The fewest GPUs of ``hardware`` (``GPU_COUNTS``: 1, 2, 4, 8, then 8-GPU machines) and the first
     lever set of LADDER on them whose predicted peak per GPU fits, with that peak and levers; many GPUs run ZeRO-3
-    with the colocated engine split over each machine's ranks (``on_gpus``). A CPU is one machine."""
+    with the colocated engine split over each machine's ranks (``on_gpus``); and the fastest lever set on as many
+    GPUs (``plan.fastest``). A CPU is one machine."""
     shape = load_shapes()[shape_name]
     counts = (1,) if hardware.gpu_class == "cpu" else GPU_COUNTS
     for count in counts:
-        for label, change in ladder(hardware):
-            levers = vllm_share(on_gpus(replace(SIZING_BASE, **change), count), shape_name, hardware)
-            predicted = estimate(shape, SIZING_DTYPE, levers, SIZING_WORKLOAD, hardware, malloc_fixed=True)
+        for label, change in guide.ladder(hardware):
+            levers = vllm_share(on_gpus(replace(GUIDE_BASE, **change), count), shape_name, hardware)
+            predicted = estimate(shape, GUIDE_DTYPE, levers, GUIDE_WORKLOAD, hardware, malloc_fixed=True)
             if predicted.fits(hardware.memory_gib * GIB):
-                return count, label + (", ZeRO-3" if count > 1 else ""), predicted.peak, levers
+                fastest = None
+                if hardware.peak_bf16_tflops and hardware.gpu_class != "cpu":
+                    fastest = plan.fastest(plan.Ask(shape), hardware, hardware.name, count)
+                return Cell(count, label + (", ZeRO-3" if count > 1 else ""), predicted.peak, levers, fastest)
     return None
 
 
@@ -154,13 +140,22 @@ def _predicted_text(size: str, gpu_class: str, hardware: Hardware, rates: Rates 
         if gpu_class == "cpu":
             return "does not fit (predicted)", False, 1
         return f"does not fit {GPU_COUNTS[-1]} GPUs at this workload per GPU (predicted)", False, 1
-    count, label, peak, levers = cell
-    timed = ""
+    spare = f"{1 - cell.peak / (hardware.memory_gib * GIB):.0%} spare"
+    timed, step = "", None
     if rates is not None:
-        timed = "; " + time_tables.cell_text(time_tables.cell_time(size, SIZING_DTYPE, levers, SIZING_WORKLOAD, rates))
+        step = time_tables.cell_time(size, GUIDE_DTYPE, cell.levers, GUIDE_WORKLOAD, rates)
+        hours = GUIDE_JOB.tokens / (step.tokens_per_s_per_gpu * 3600)  # every GPU held: the same work, sooner
+        timed = f"; {time_tables.cell_text(step)}, {hours:,.4g} GPU-h"
     if gpu_class == "cpu":
-        return f"{label} ({peak / GIB:.0f} GiB{timed}; predicted)", True, count
-    return f"{count} x {name}: {label} ({peak / GIB:.0f} GiB per GPU{timed}; predicted)", True, count
+        return f"{cell.label} ({cell.peak / GIB:.0f} GiB, {spare}{timed}; predicted)", True, cell.count
+    text = f"{cell.count} x {name}: {cell.label} ({cell.peak / GIB:.0f} GiB per GPU, {spare}{timed})"
+    fastest = cell.fastest
+    if fastest is not None and step is not None and fastest.step.step_s < 0.99 * step.step_s:
+        text += (
+            f"; fastest: {fastest.words()} (~{time_tables.seconds_text(fastest.step.step_s)} s/step, "
+            f"{fastest.gpu_hours(GUIDE_JOB):,.4g} GPU-h)"
+        )
+    return text + " (predicted)", True, cell.count
 
 
 def sizing_table(results: list[Result], every: list[Result] | None = None) -> str:
@@ -177,7 +172,7 @@ def sizing_grid(results: list[Result], every: list[Result] | None = None) -> tup
     catalog, shapes = load_hardware(), load_shapes()
     frame = sizing_cells(results, every)
     classes, sizes = list(dict.fromkeys(frame["class"])), list(dict.fromkeys(frame["size"]))
-    columns = {c: f"{CLASS_NAMES.get(c, c)} ({hardware_for(c, catalog)[1].memory_gib:g} GiB)" for c in classes}
+    columns = {c: column_name(c, catalog) for c in classes}
     table = frame.pivot(index="size", columns="class", values="text").reindex(index=sizes, columns=classes)
     files = frame.pivot(index="size", columns="class", values="file").reindex(index=sizes, columns=classes)
     gpu_fits = (  # the fewest GPUs, then the smallest class (the classes are in order of memory)
@@ -189,6 +184,14 @@ def sizing_grid(results: list[Result], every: list[Result] | None = None) -> tup
     table.insert(0, "Size class", [f"{s} ({shapes[s].param_count() / 1e9:.1f}B)" for s in sizes])
     files = files.reindex(columns=table.columns).astype(object).map(lambda f: f if isinstance(f, str) else None)
     return table.rename(columns=columns), files.rename(columns=columns)
+
+
+def column_name(gpu_class: str, catalog: dict[str, Hardware]) -> str:
+    """A class's column: its memory, and the card its cells are sized and timed on where the class has several."""
+    _, hardware = hardware_for(gpu_class, catalog)
+    members = [h for h in catalog.values() if h.gpu_class == gpu_class]
+    on = f"; sized and timed on the {hardware.name}" if len(members) > 1 else ""
+    return f"{CLASS_NAMES.get(gpu_class, gpu_class)} ({hardware.memory_gib:g} GiB{on})"
 
 
 def _sizing_classes(results: list[Result], catalog: dict[str, Hardware]) -> list[str]:
@@ -241,8 +244,8 @@ def sizing_cells(results: list[Result], every: list[Result] | None = None) -> pd
 def sizing_notes() -> list[str]:
     return [
         f"Predicted cells: the analytic model (`python -m benchmarks estimate`) for one GRPO step of "
-        f"{SIZING_WORKLOAD.completions} completions x {SIZING_WORKLOAD.completion_tokens} tokens after "
-        f"{SIZING_WORKLOAD.prompt_tokens}-token prompts, {SIZING_DTYPE}, a reference model (beta 0.04) and a "
+        f"{GUIDE_WORKLOAD.completions} completions x {GUIDE_WORKLOAD.completion_tokens} tokens after "
+        f"{GUIDE_WORKLOAD.prompt_tokens}-token prompts, {GUIDE_DTYPE}, a reference model (beta 0.04) and a "
         "colocated vLLM engine sized to the rollout (the guide's three-way residency); the first lever set that "
         "fits, in the order: " + "; ".join(label for label, _ in LADDER) + ".",
         "Each cell is the fewest GPUs of its class that fit (1, 2, 4, 8, then 8-GPU machines: "
@@ -254,6 +257,12 @@ def sizing_notes() -> list[str]:
         "Measured cells: the lightest configuration that ran within the budget in the newest full (not --quick) "
         "GRPO result file of that class and size class; its own workload and levers, as its file says, with its "
         "measured median step and the rollout's share of it.",
+        "A class of several cards is sized and timed on its smallest (the column names it): a faster member "
+        "(the 24GB-class's RTX 4090 beside its L4) takes fewer seconds; `python -m benchmarks plan` weighs every "
+        "card. "
+        f"GPU-h: GPU-hours for {GUIDE_JOB.line()}, every GPU held counted, whatever the setup's own batch. Where "
+        "another lever set on as many GPUs is faster than the lightest (`plan`'s search: method, optimizer, checkpointing, "
+        "vLLM colocated, asleep or a server, DDP or ZeRO-3, micro-batch), the cell names it as the fastest.",
         "Seconds per step (per GPU, the synthetic reward's negligible cost; rewards.md gives a real reward's): the "
         "time model (model.md), on GPU classes from their peaks at assumed efficiencies ("
         + GPU_ASSUMPTIONS

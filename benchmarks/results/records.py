@@ -5,6 +5,7 @@ ended early lacks. ``benchmarks.results.schema`` reads and writes them."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +41,15 @@ class Target:
 
 
 def readable(value: float | None) -> str:
-    """A figure as a person reads it: four significant digits, thousands separated; "none" where nothing was."""
-    return "none" if value is None else f"{value:,.4g}"
+    """A figure as a person reads it: four significant digits, thousands separated, never in scientific notation;
+    "none" where nothing was."""
+    if value is None:
+        return "none"
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    digits = 3 - math.floor(math.log10(abs(value)))  # decimals that keep four significant digits
+    rounded = round(value, digits)
+    return f"{rounded:,.{max(0, digits)}f}".rstrip("0").rstrip(".") if digits > 0 else f"{rounded:,.0f}"
 
 
 @dataclass(kw_only=True)

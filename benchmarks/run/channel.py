@@ -76,8 +76,10 @@ def listen(channel: Channel, launcher: subprocess.Popen, sampler: MemorySampler,
             sampler.add_rank(rank, event["pid"])
         elif kind == "phase":
             sampler.move_to(rank, (now[0], event["phase"]))
+            heard.where[rank] = sampler.where[rank]
         elif kind == "step_begin":
             sampler.move_to(rank, (event["step"], now[1]))
+            heard.where[rank] = sampler.where[rank]
         elif kind == "step":
             heard.steps.setdefault(rank, []).append(schema.decode(schema.Step, event, f"{log_path.name}: step"))
         elif kind == "versions":
@@ -101,3 +103,4 @@ class RankReports:
     on_cuda: dict[int, dict] = field(default_factory=dict)
     distribution: dict[int, dict] = field(default_factory=dict)
     endings: list[tuple[int, dict]] = field(default_factory=list)
+    where: dict[int, tuple[int | None, str]] = field(default_factory=dict)  # each rank's last (step, phase)

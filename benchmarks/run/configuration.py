@@ -363,8 +363,26 @@ def _ending(
         )
     elif len(heard.endings) < expected:
         record.status = "error"
-        record.reason = f"{len(heard.endings)} of {expected} ranks ended with a word (launcher exit {exit_status})"
+        record.phase, record.reason = silent_ending(heard, expected, exit_status)
         record.log_tail = log_path.read_text(errors="replace")[-3000:]
+
+
+def silent_ending(heard: RankReports, expected: int, exit_status: int | None) -> tuple[str | None, str]:
+    """(the phase, the reason) where ranks ended without a word: how the launcher ended (a signal by name, and
+    SIGKILL's likely sender), and where each silent rank last said it was."""
+    ended = {rank for rank, _ in heard.endings}
+    silent = [(rank, heard.where.get(rank, (None, "setup"))) for rank in range(expected) if rank not in ended]
+    where = "; ".join(
+        f"rank {rank} was in {phase}" + (f" of step {step}" if step is not None else "")
+        for rank, (step, phase) in silent
+    )
+    how = f"the launcher exited {exit_status}"
+    if exit_status is not None and exit_status < 0:
+        how = f"killed by {signal.Signals(-exit_status).name}"
+        if -exit_status == signal.SIGKILL:
+            how += " (under memory pressure the kernel's out-of-memory killer sends it: see dmesg)"
+    reason = f"{len(ended)} of {expected} ranks ended with a word; {how}; {where}"
+    return (silent[0][1][1] if silent else None), reason
 
 
 def _bad_ending(record: schema.WorkerRecord, ending: dict, log_path: Path, exit_status: int | None) -> None:

@@ -1,0 +1,338 @@
+"""What to rent, how many, with which levers, how long and at what cost: for one shape, every GPU card and count
+up to 64, the fastest lever set the memory model fits and its price for a job (the time model); the Pareto front
+of wall time against cost; and, where nothing fits, why not and the smallest change that would."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from benchmarks.catalog.levers import MODELS, Levers, combination_problem
+from benchmarks.catalog.profiles import Hardware
+from benchmarks.catalog.shapes import Shape
+from benchmarks.model import guide
+from benchmarks.model.estimate import GIB, GPU_COUNTS, Estimate, Workload, estimate, on_gpus
+from benchmarks.model.timing import Rates, StepTime, Work, assumed_rates, phase_work, timed
+
+ENGINES = ("colocate", "sleep", "server")
+ENGINE_LEVERS = ("use_vllm", "vllm_mode", "vllm_enable_sleep_mode")
+SERVER_GPUS = (1, 2, 4, 8)  # `trl vllm-serve --tensor_parallel_size`
+SERVER_SHARE = 0.9  # vLLM's own default gpu_memory_utilization: a server has its GPUs to itself
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One configuration on one card: the trainer's levers on its ranks, the GPUs a vLLM server holds beside
+    them, the predicted peak per GPU and step."""
+
+    card: str
+    hardware: Hardware
+    levers: Levers
+    server_gpus: int
+    peak: float
+    step: StepTime
+
+    @property
+    def gpus(self) -> int:
+        """Every GPU the setup holds, the server's included."""
+        return self.levers.world_size + self.server_gpus
+
+    @property
+    def headroom(self) -> float:
+        return 1 - self.peak / (self.hardware.memory_gib * GIB)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Completion tokens a second of the whole setup (every trainer rank's rollout)."""
+        return self.step.completion_tokens * self.levers.world_size / self.step.step_s
+
+    def wall_s(self, job: guide.Job) -> float:
+        return job.tokens / self.tokens_per_s
+
+    def gpu_hours(self, job: guide.Job) -> float:
+        return self.gpus * self.wall_s(job) / 3600
+
+    def words(self) -> str:
+        return guide.in_words(self.levers, self.server_gpus)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a plan is asked: the shape, the levers it starts from and those the user fixed, the prompt length."""
+
+    shape: Shape
+    base: Levers = guide.GUIDE_BASE
+    fixed: frozenset[str] = frozenset()
+    prompt_tokens: int = guide.GUIDE_WORKLOAD.prompt_tokens
+    dtype: str = guide.GUIDE_DTYPE
+
+    def predict(self, levers: Levers, hardware: Hardware) -> Estimate:
+        work = Workload.from_levers(levers, self.prompt_tokens)
+        return estimate(self.shape, self.dtype, levers, work, hardware, malloc_fixed=True)
+
+    def fits(self, levers: Levers, hardware: Hardware) -> Estimate | None:
+        """The estimate where ``levers`` run together and fit ``hardware``, else None."""
+        if combination_problem(levers) is not None:
+            return None
+        predicted = self.predict(levers, hardware)
+        return predicted if predicted.fits(hardware.memory_gib * GIB) else None
+
+    def step(self, levers: Levers, rates: Rates) -> StepTime:
+        """The time model's step; the phases' work is the same on every card, so it is counted once."""
+        work = _phase_work(self.shape, self.dtype, replace(levers, vllm_gpu_memory_utilization=1.0), self.prompt_tokens)
+        return timed(work, rates, Workload.from_levers(levers, self.prompt_tokens), levers.world_size)
+
+    def on(self, levers: Levers, count: int, hardware: Hardware) -> Levers:
+        """``levers`` on ``count`` trainer GPUs, the colocated engine's share set by the one rule."""
+        spread = on_gpus(levers, count)
+        if "vllm_tensor_parallel_size" in self.fixed:
+            spread = replace(spread, vllm_tensor_parallel_size=levers.vllm_tensor_parallel_size)
+        fixed = "vllm_gpu_memory_utilization" in self.fixed
+        return guide.engine_share(self.shape, self.dtype, spread, hardware, self.prompt_tokens, fixed)
+
+
+@functools.lru_cache(maxsize=4096)
+def _phase_work(shape: Shape, dtype: str, levers: Levers, prompt_tokens: int) -> dict[str, Work]:
+    return phase_work(shape, dtype, levers, Workload.from_levers(levers, prompt_tokens))
+
+
+def _axes(ask: Ask, ranks: int) -> dict[str, tuple]:
+    """The values each free lever may take on ``ranks`` trainer GPUs; a fixed lever keeps the user's value."""
+    base, fixed = ask.base, ask.fixed
+    rollout = base.per_device_train_batch_size * base.gradient_accumulation_steps
+    axes: dict[str, tuple] = {
+        "model": MODELS,
+        "optim": ("adamw_torch", "adamw_8bit"),
+        "gradient_checkpointing": (False, True),
+        "engine": ENGINES if base.use_vllm else ("generate",),
+        "distributed_type": ("ddp", "zero3") if ranks > 1 else ("no",),
+        "per_device_train_batch_size": tuple(b for b in (8, 4, 2, 1) if b <= rollout and rollout % b == 0),
+    }
+    if fixed & set(ENGINE_LEVERS):
+        axes["engine"] = (_engine_of(base),)
+    if ranks not in GPU_COUNTS:  # only a server beside a trainer makes this count
+        axes["engine"] = tuple(e for e in axes["engine"] if e == "server")
+    if fixed & {"per_device_train_batch_size", "gradient_accumulation_steps"}:
+        axes["per_device_train_batch_size"] = (base.per_device_train_batch_size,)
+    for name in fixed & axes.keys():
+        axes[name] = (getattr(base, name),)
+    return axes
+
+
+def _engine_of(levers: Levers) -> str:
+    if not levers.use_vllm:
+        return "generate"
+    return "server" if levers.vllm_mode == "server" else "sleep" if levers.vllm_enable_sleep_mode else "colocate"
+
+
+def _with(ask: Ask, choice: dict) -> Levers:
+    """The base with one choice of every axis applied; the rollout a rank generates stays the base's."""
+    base = ask.base
+    rollout = base.per_device_train_batch_size * base.gradient_accumulation_steps
+    engine = choice.pop("engine")
+    micro = choice.pop("per_device_train_batch_size")
+    levers = replace(base, **choice, per_device_train_batch_size=micro, gradient_accumulation_steps=rollout // micro)
+    if engine == "generate":
+        return levers
+    return replace(
+        levers,
+        use_vllm=True,
+        vllm_mode="server" if engine == "server" else "colocate",
+        vllm_enable_sleep_mode=engine == "sleep",
+    )
+
+
+def placements(ask: Ask, levers: Levers, count: int, hardware: Hardware) -> Iterator[tuple[Levers, int]]:
+    """(the trainer's levers on its ranks, the server's GPUs) that hold ``count`` GPUs in all: a colocated engine
+    split over each machine's ranks (``on_gpus``); a server on the fewest GPUs of ``SERVER_GPUS`` that hold its
+    engine, beside a trainer on the rest."""
+    if not (levers.use_vllm and levers.vllm_mode == "server"):
+        if count in GPU_COUNTS:
+            yield ask.on(levers, count, hardware), 0
+        return
+    for server in (s for s in SERVER_GPUS if count - s in GPU_COUNTS):
+        served = replace(levers, vllm_server_tensor_parallel_size=server, vllm_gpu_memory_utilization=SERVER_SHARE)
+        trainer = ask.on(served, count - server, hardware)
+        if ask.predict(trainer, hardware).engine_cannot_start is None:
+            yield trainer, server
+            return
+
+
+# Every GPU count a plan weighs: 1 to 8 on one machine, then whole 8-GPU machines up to 64; with a vLLM server,
+# its GPUs (``SERVER_GPUS``) beside a trainer's count.
+COUNTS = tuple(sorted({t + s for t in GPU_COUNTS for s in (0, *SERVER_GPUS) if t + s <= GPU_COUNTS[-1]}))
+
+
+def fastest(ask: Ask, hardware: Hardware, card: str, count: int) -> Setup | None:
+    """The setup of ``count`` GPUs of ``hardware`` whose predicted step is the shortest among those that fit. A
+    smaller micro-batch only adds passes, so the largest that fits is the one weighed; nothing is weighed where
+    the lightest choice of every lever does not fit."""
+    axes = _axes(ask, count)
+    micro_batches = axes.pop("per_device_train_batch_size")
+    lightest = {name: values[-1] for name, values in axes.items()}
+    if not any(_fitting(ask, lightest | {"engine": e}, micro_batches[-1:], count, hardware) for e in axes["engine"]):
+        return None
+    rates, best, failed = assumed_rates(hardware), None, []
+    for values in itertools.product(*(reversed(v) for v in axes.values())):  # the lightest first
+        choice = dict(zip(axes, values, strict=True))
+        if any(heavier(choice, light, axes) for light in failed):
+            continue
+        placed = _fitting(ask, choice, micro_batches, count, hardware)
+        if not placed:
+            failed.append(choice)
+        for levers, server, found in placed:
+            setup = Setup(card, hardware, levers, server, found.peak, ask.step(levers, rates))
+            if best is None or setup.step.step_s < best.step.step_s:
+                best = setup
+    return best
+
+
+def heavier(choice: dict, other: dict, axes: dict[str, tuple]) -> bool:
+    """Whether ``choice`` needs at least the memory of ``other`` on every axis (each axis lists its values from
+    the heaviest; a server and a colocated engine are not compared): then, where ``other`` does not fit,
+    ``choice`` does not either (tests/test_plan.py checks this holds in the memory model)."""
+    for name, values in axes.items():
+        mine, theirs = choice[name], other[name]
+        if name == "engine" and "server" in (mine, theirs) and mine != theirs:
+            return False
+        if values.index(mine) > values.index(theirs):
+            return False
+    return True
+
+
+def _fitting(
+    ask: Ask, choice: dict, micro_batches: tuple, count: int, hardware: Hardware
+) -> list[tuple[Levers, int, Estimate]]:
+    """``choice`` placed on ``count`` GPUs at the largest micro-batch that fits, with its estimate; or nothing."""
+    for micro in micro_batches:
+        levers = _with(ask, choice | {"per_device_train_batch_size": micro})
+        placed = [(p, server, ask.fits(p, hardware)) for p, server in placements(ask, levers, count, hardware)]
+        placed = [item for item in placed if item[2] is not None]
+        if placed:
+            return placed
+    return []
+
+
+def plan(ask: Ask, cards: dict[str, Hardware]) -> list[Setup]:
+    """Every card and count's fastest setup that fits (``fastest``); a unified-memory machine (DGX Spark) is one
+    GPU."""
+    found = []
+    for card, hardware in cards.items():
+        for count in COUNTS if hardware.unified_floor_gib is None else (1,):
+            setup = fastest(ask, hardware, card, count)
+            if setup is not None:
+                found.append(setup)
+    return found
+
+
+def pareto(setups: list[Setup], job: guide.Job, prices: dict[str, float]) -> list[Setup]:
+    """The setups no other beats on both wall time and cost: those worth renting. Cost is GPU-hours times
+    ``prices`` (per GPU-hour by card); where prices are given, only priced cards are weighed, else GPU-hours."""
+    if prices:
+        setups = [s for s in setups if s.card in prices]
+
+    def cost(s: Setup) -> float:
+        return s.gpu_hours(job) * prices.get(s.card, 1.0)
+
+    return [
+        s
+        for s in setups
+        if not any(
+            o.wall_s(job) <= s.wall_s(job)
+            and cost(o) <= cost(s)
+            and (o.wall_s(job), cost(o)) != (s.wall_s(job), cost(s))
+            for o in setups
+        )
+    ]
+
+
+@dataclass(frozen=True)
+class WhyNot:
+    """Why a setup does not fit: its binding term per GPU, whether that shrinks with GPUs, and the fewest lever
+    changes that fit, with the setup that results."""
+
+    term: str
+    term_bytes: float
+    peak: float
+    capacity: float
+    shrinks: bool
+    most_gpus_bytes: float  # the term on 64 GPUs
+    engine: str | None
+    change: dict  # empty: more GPUs alone
+    setup: Setup | None
+
+    def changed(self) -> str:
+        return ", ".join(f"{k}={guide.spelled(v)}" for k, v in self.change.items()) or "more GPUs"
+
+
+# Changes a why-not weighs, each one lever; up to three are combined, the fewest first.
+CHANGES = (
+    {"gradient_checkpointing": True},
+    {"optim": "adamw_8bit"},
+    {"vllm_enable_sleep_mode": True},
+    {"model": "lora"},
+    {"model": "qlora"},
+    {"micro_batch": 1},
+    {"vllm_mode": "server"},
+)
+
+
+def _changed(levers: Levers, change: dict) -> Levers | None:
+    """``levers`` with ``change``; None where it changes nothing or cannot apply."""
+    change = dict(change)
+    if "micro_batch" in change:
+        rollout = levers.per_device_train_batch_size * levers.gradient_accumulation_steps
+        change = {k: v for k, v in change.items() if k != "micro_batch"}
+        change |= {"per_device_train_batch_size": 1, "gradient_accumulation_steps": rollout}
+    if (change.get("vllm_enable_sleep_mode") or "vllm_mode" in change) and not levers.use_vllm:
+        return None
+    changed = replace(levers, **change)
+    return None if changed == levers else changed
+
+
+def why_not(ask: Ask, hardware: Hardware, card: str, count: int = 1) -> WhyNot:
+    """Why ``ask.base`` does not fit ``count`` GPUs of ``hardware``: its binding term there, whether that term
+    shrinks by 64 GPUs, and the fewest changes (more GPUs alone, then up to three of ``CHANGES``) that fit."""
+    levers = ask.base
+    there = ask.predict(ask.on(levers, count, hardware), hardware)
+    at_most = ask.predict(ask.on(levers, GPU_COUNTS[-1], hardware), hardware)
+    phase = there.peak_phase
+    term, term_bytes = max(there.phases[phase].items(), key=lambda item: item[1])
+    most = at_most.phases.get(phase, {}).get(term, term_bytes)
+    found_change, found = {}, smallest(ask, hardware, card)
+    for size in (1, 2, 3):
+        if found is not None:
+            break
+        for combo in itertools.combinations(CHANGES, size):
+            merged = {k: v for c in combo for k, v in c.items()}
+            changed = _changed(levers, merged) if len(merged) == size else None  # not two values of one lever
+            if changed is None:
+                continue
+            setup = smallest(replace(ask, base=changed, fixed=ask.fixed | set(merged)), hardware, card)
+            if setup is not None and (found is None or setup.gpus < found.gpus):
+                found_change, found = merged, setup
+    capacity = hardware.memory_gib * GIB
+    return WhyNot(
+        term,
+        term_bytes,
+        there.peak,
+        capacity,
+        most < term_bytes * 0.99,
+        most,
+        there.engine_cannot_start,
+        found_change,
+        found,
+    )
+
+
+def smallest(ask: Ask, hardware: Hardware, card: str) -> Setup | None:
+    """The base levers as given, only the count free, on the fewest GPUs that fit."""
+    rates = assumed_rates(hardware)
+    for count in COUNTS:
+        for placed, server in placements(ask, ask.base, count, hardware):
+            found = ask.fits(placed, hardware)
+            if found is not None:
+                return Setup(card, hardware, placed, server, found.peak, ask.step(placed, rates))
+    return None
