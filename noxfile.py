@@ -120,6 +120,13 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks", "bench", *session.posargs)
 
 
+@nox.session(default=False)
+def ask(session: nox.Session) -> None:
+    """The two models without a run, no torch needed: `nox -s ask -- plan --shape 32b` (or `estimate ...`)."""
+    session.install("-e", ".[report]")
+    session.run("python", "-m", "benchmarks", *(session.posargs or ["plan", "--help"]))
+
+
 def _option(posargs: list[str], name: str) -> str | None:
     """An option's value among ``posargs`` (``--name value`` or ``--name=value``), else None."""
     for i, arg in enumerate(posargs):

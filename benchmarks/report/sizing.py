@@ -260,8 +260,9 @@ def sizing_notes() -> list[str]:
         "A class of several cards is sized and timed on its smallest (the column names it): a faster member "
         "(the 24GB-class's RTX 4090 beside its L4) takes fewer seconds; `python -m benchmarks plan` weighs every "
         "card. "
-        f"GPU-h: GPU-hours for {GUIDE_JOB.line()}, every GPU held counted, whatever the setup's own batch. Where "
-        "another lever set on as many GPUs is faster than the lightest (`plan`'s search: method, optimizer, checkpointing, "
+        f"GPU-h: GPU-hours for {GUIDE_JOB.line()}, every GPU held counted, whatever the setup's own batch. "
+        "Where another lever set on as many GPUs is faster than the lightest (`plan`'s search: method, optimizer, "
+        "checkpointing, "
         "vLLM colocated, asleep or a server, DDP or ZeRO-3, micro-batch), the cell names it as the fastest.",
         "Seconds per step (per GPU, the synthetic reward's negligible cost; rewards.md gives a real reward's): the "
         "time model (model.md), on GPU classes from their peaks at assumed efficiencies ("

@@ -1,0 +1,117 @@
+"""`plan`: the fastest setup that fits per card and count, the same work priced for every setup, the Pareto
+front, fixed levers held, and why nothing fits where nothing does."""
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from benchmarks.catalog.profiles import load_hardware, load_shapes
+from benchmarks.cli import main
+from benchmarks.model import guide, plan
+from benchmarks.model.estimate import GIB
+from benchmarks.report import sizing
+from benchmarks.results.records import readable
+from benchmarks.run.channel import RankReports
+from benchmarks.run.configuration import silent_ending
+
+HARDWARE = load_hardware()
+
+
+def ask(shape: str, **fixed) -> plan.Ask:
+    return plan.Ask(load_shapes()[shape], replace(guide.GUIDE_BASE, **fixed), frozenset(fixed))
+
+
+def test_the_plan_picks_the_fastest_where_it_differs_from_the_lightest():
+    cell = sizing.predicted_cell("32b", HARDWARE["h200"])
+    lightest = plan.Ask(load_shapes()["32b"]).step(cell.levers, plan.assumed_rates(HARDWARE["h200"]))
+    assert cell.count == 1 and cell.label == "LoRA, checkpointing, vLLM sleep"
+    assert cell.fastest.step.step_s < lightest.step_s and cell.fastest.levers != cell.levers
+    assert cell.fastest.peak <= HARDWARE["h200"].memory_gib * GIB
+    # the fastest is the fastest of every lever set the plan weighs on one H200
+    weighed = plan._axes(plan.Ask(load_shapes()["32b"]), 1)
+    micro_batches = weighed.pop("per_device_train_batch_size")
+    rates, shape_ask = plan.assumed_rates(HARDWARE["h200"]), plan.Ask(load_shapes()["32b"])
+    for values in itertools.product(*weighed.values()):
+        choice = dict(zip(weighed, values, strict=True))
+        for levers, _, _ in plan._fitting(shape_ask, choice, micro_batches, 1, HARDWARE["h200"]):
+            assert shape_ask.step(levers, rates).step_s >= cell.fastest.step.step_s
+
+
+@pytest.mark.parametrize("shape,card,count", [("32b", "h100", 1), ("32b", "h100", 8), ("7b", "rtx4090", 2)])
+def test_a_heavier_choice_never_fits_where_a_lighter_one_does_not(shape, card, count):
+    # the pruning in `plan.fastest` rests on this: it is checked here over every pair the plan weighs
+    asked, hardware = plan.Ask(load_shapes()[shape]), HARDWARE[card]
+    axes = plan._axes(asked, count)
+    micro_batches = axes.pop("per_device_train_batch_size")
+    choices = [dict(zip(axes, v, strict=True)) for v in itertools.product(*axes.values())]
+    fits = [bool(plan._fitting(asked, c, micro_batches, count, hardware)) for c in choices]
+    assert any(fits) and not all(fits)
+    for (one, one_fits), (other, other_fits) in itertools.product(zip(choices, fits), repeat=2):
+        if plan.heavier(one, other, axes) and not other_fits:
+            assert not one_fits, (one, other)
+
+
+def test_a_dominated_row_is_off_the_pareto_front():
+    setups = plan.plan(ask("7b"), {"h100": HARDWARE["h100"], "h200": HARDWARE["h200"]})
+    job = guide.GUIDE_JOB
+    front = plan.pareto(setups, job, {})
+    assert front and len(front) < len(setups)
+    for row in setups:
+        beaten = [o for o in setups if o.wall_s(job) < row.wall_s(job) and o.gpu_hours(job) < row.gpu_hours(job)]
+        assert (row in front) == (not beaten)
+    # priced: only priced cards are weighed, and price moves the front
+    priced = plan.pareto(setups, job, {"h100": 1.0})
+    assert priced and all(s.card == "h100" for s in priced)
+
+
+def test_a_fixed_lever_is_held_on_every_row():
+    setups = plan.plan(ask("14b", model="full", optim="adamw_torch"), {"h100": HARDWARE["h100"]})
+    assert setups and all(s.levers.model == "full" and s.levers.optim == "adamw_torch" for s in setups)
+    free = plan.plan(ask("14b"), {"h100": HARDWARE["h100"]})
+    assert min(s.gpus for s in free) < min(s.gpus for s in setups)  # freed, a lighter method needs fewer
+
+
+def test_cost_counts_the_server_s_gpus_and_prices_the_same_work_on_any_count():
+    setups = plan.plan(ask("7b", vllm_mode="server"), {"h100": HARDWARE["h100"]})
+    served = [s for s in setups if s.server_gpus]
+    assert served and all(s.gpus == s.levers.world_size + s.server_gpus for s in served)
+    one = served[0]
+    job = guide.GUIDE_JOB
+    assert one.gpu_hours(job) == pytest.approx(one.gpus * one.wall_s(job) / 3600)
+    # the work is fixed: completion tokens of the job, whatever each setup generates a step
+    assert one.wall_s(job) == pytest.approx(job.tokens / one.tokens_per_s)
+    doubled = replace(job, global_batch=2 * job.global_batch)
+    assert one.gpu_hours(doubled) == pytest.approx(2 * one.gpu_hours(job))
+    on_one, on_eight = (plan.fastest(ask("7b"), HARDWARE["h100"], "h100", n) for n in (1, 8))
+    assert on_eight.wall_s(job) < on_one.wall_s(job)  # more GPUs, the same work sooner
+
+
+def test_a_card_where_nothing_fits_says_why_and_the_command_exits_non_zero(capsys):
+    assert main(["plan", "--shape", "72b", "--method", "full", "--classes", "24gb"]) == 1
+    out = capsys.readouterr().out
+    assert "nothing fits any card or count (predicted)" in out
+    assert "nothing fits up to 64 GPUs" in out and "the binding term is" in out
+
+
+def test_plan_prints_readable_rows_with_units_and_the_fastest(capsys):
+    assert main(["plan", "--shape", "32b", "--classes", "h100,h200", "--price", "h100=2.5", "--currency", "EUR"]) == 0
+    out = capsys.readouterr().out
+    assert "* the Pareto front" in out and "EUR" in out and " GiB " in out and " s " in out
+    assert "the fastest: " in out and "levers held: none" in out
+    figures = [w for line in out.splitlines() for w in line.split() if w.replace(",", "").replace(".", "").isdigit()]
+    assert figures and all(len(w.replace(",", "").replace(".", "").lstrip("0")) <= 4 for w in figures)
+
+
+def test_a_figure_is_never_printed_with_more_than_four_significant_digits_or_in_scientific_notation():
+    for value, text in ((163.97170993899994, "164"), (12345.6, "12,350"), (0.0004567, "0.0004567"), (900.0, "900")):
+        assert readable(value) == text
+
+
+def test_a_worker_killed_by_the_kernel_says_how_and_where():
+    heard = RankReports(endings=[(1, {"event": "done"})], where={0: (2, "forward_backward"), 1: (2, "optimizer")})
+    phase, reason = silent_ending(heard, 2, -9)
+    assert phase == "forward_backward"
+    assert reason.startswith("1 of 2 ranks ended with a word; killed by SIGKILL (under memory pressure the kernel")
+    assert "rank 0 was in forward_backward of step 2" in reason and "rank 1" not in reason
+    assert "the launcher exited 1" in silent_ending(RankReports(), 1, 1)[1]
