@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import time
 
 from benchmarks import REPO
 from benchmarks.catalog import profiles
+from benchmarks.catalog.targets import PLAN_S
 from benchmarks.estimating import DEFAULTS, lever_options, parse_levers, print_cost, shapes_and_classes, why_not_lines
 from benchmarks.model import estimate, guide, plan
 from benchmarks.report import sizing
 from benchmarks.report.time_validation import error_line
 from benchmarks.results import schema
-from benchmarks.results.records import readable
+from benchmarks.results.records import Target, readable
 
 RESULTS = REPO / "results" / "runs"
 
@@ -66,7 +68,9 @@ def run_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     ask, job = asked(parser, args)
     cards = plan_cards(parser, args.classes)
     priced = prices(parser, args.price, cards)
+    started = time.perf_counter()
     setups = plan.plan(ask, cards)
+    searched_s = time.perf_counter() - started
     print(
         f"{args.shape} ({ask.shape.param_count() / 1e9:.4g}B params, {ask.dtype}): {job.line()}, "
         f"{ask.prompt_tokens}-token prompts"
@@ -84,6 +88,8 @@ def run_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         why = plan.why_not(dataclasses.replace(ask, base=lightest(ask)), hardware, card, estimate.GPU_COUNTS[-1])
         print(f"\n{hardware.name}: nothing fits up to {estimate.GPU_COUNTS[-1]} GPUs with the lightest levers free")
         print("\n".join(why_not_lines(why, hardware.name, estimate.GPU_COUNTS[-1])))
+    claim = f"a plan of one shape over {len(cards)} cards and every count in under {PLAN_S:g} s"
+    print(Target.at_most(claim, searched_s, PLAN_S).line() + " (seconds, this machine)")
     return 0 if setups else 1
 
 

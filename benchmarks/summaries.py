@@ -11,6 +11,7 @@ from benchmarks.catalog.targets import MEMORY_WITHIN
 from benchmarks.model.estimate import GIB
 from benchmarks.report import figures, tables, validation
 from benchmarks.results import schema
+from benchmarks.results.records import readable
 from benchmarks.run.bandwidth_probe import ARRAYS_TOUCHED
 from benchmarks.run.context_verdict import RATIO_KINDS
 
@@ -20,10 +21,12 @@ def rewards(path: Path) -> None:
     run = schema.read_result(path, str(path)).record
     print(f"\n{'reward':42} {'impl':10} {'batch':>5} {'words':>5} {'format':14} {'completions/s':>13}  p50/p99 s")
     for info in sorted((row.extra_info for row in run.benchmarks), key=lambda i: (i.reward, i.batch)):
-        latency = f"{info.p50_latency_s:.3f}/{info.p99_latency_s:.3f}" if info.p50_latency_s is not None else ""
+        latency = (
+            f"{readable(info.p50_latency_s)}/{readable(info.p99_latency_s)}" if info.p50_latency_s is not None else ""
+        )
         print(
             f"{info.reward:42} {info.implementation:10} {info.batch:>5} {info.words:>5} "
-            f"{info.format:14} {info.completions_per_s:>13,.0f}  {latency}"
+            f"{info.format:14} {readable(info.completions_per_s):>13}  {latency}"
         )
     for target in run.grpo_bench.targets:
         lowest = target.lowest_ratio
@@ -40,7 +43,10 @@ def decode(path: Path) -> None:
     run = schema.read_result(path, str(path)).record
     for kernel in ARRAYS_TOUCHED:
         rates = getattr(run.ceiling, kernel)
-        print(f"{kernel:6} {rates.median_gb_s:8.1f} GB/s (min {rates.min_gb_s:.1f}, max {rates.max_gb_s:.1f})")
+        print(
+            f"{kernel:6} {readable(rates.median_gb_s):>8} GB/s "
+            f"(min {readable(rates.min_gb_s)}, max {readable(rates.max_gb_s)})"
+        )
     print()
     print(figures.decode_table(run))
 
@@ -63,18 +69,20 @@ def grpo(path: Path) -> None:
         if record.status != "ok" or summary is None:
             print(f"{record.name:80} {record.status:8} {record.reason or record.phase or ''}")
             continue
-        by_phase = " / ".join(f"{summary.peak_bytes_by_phase.get(p, 0) / GIB:5.2f}" for p in phases)
-        speed = f"{summary.step_s_median:7.2f} {summary.completion_tokens_per_s_median:7.1f}"
+        by_phase = " / ".join(f"{readable(summary.peak_bytes_by_phase.get(p, 0) / GIB):>5}" for p in phases)
+        speed = f"{readable(summary.step_s_median):>7} {readable(summary.completion_tokens_per_s_median):>7}"
         print(f"{record.name:80} {'ok':8} {speed}  {by_phase}")
         for rank in record.ranks:
             states = rank.summary.model_states if rank.summary else None
             if states is not None:
                 parts = ", ".join(
-                    f"{name} {getattr(states, name) / GIB:.3f}"
+                    f"{name} {readable(getattr(states, name) / GIB)}"
                     for name in ("parameters", "master", "optimizer", "gradients")
                 )
-                peak = rank.summary.peak_bytes / GIB
-                print(f"    rank {rank.rank}: model states {states.total / GIB:.3f} GiB ({parts}); peak {peak:.2f} GiB")
+                peak = readable(rank.summary.peak_bytes / GIB)
+                print(
+                    f"    rank {rank.rank}: model states {readable(states.total / GIB)} GiB ({parts}); peak {peak} GiB"
+                )
     lines = validation.phase_lines(result)
     print("\nthe model beside each measured phase (on CUDA: the tensors torch held in it)", *lines, sep="\n")
 

@@ -2,10 +2,12 @@
 front, fixed levers held, and why nothing fits where nothing does."""
 
 import itertools
+import re
 from dataclasses import replace
 
 import pytest
 
+from benchmarks import REPO, summaries
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.cli import main
 from benchmarks.model import guide, plan
@@ -115,3 +117,22 @@ def test_a_worker_killed_by_the_kernel_says_how_and_where():
     assert reason.startswith("1 of 2 ranks ended with a word; killed by SIGKILL (under memory pressure the kernel")
     assert "rank 0 was in forward_backward of step 2" in reason and "rank 1" not in reason
     assert "the launcher exited 1" in silent_ending(RankReports(), 1, 1)[1]
+
+
+def significant(token: str) -> int:
+    digits = token.replace(",", "")
+    whole, _, fraction = digits.partition(".")
+    return len((whole + fraction).lstrip("0")) if fraction else len(whole.lstrip("0").rstrip("0"))
+
+
+NUMBER = re.compile(r"^\d[\d,]*(\.\d+)?$")
+
+
+@pytest.mark.parametrize("part", ["grpo", "rewards", "decode"])
+def test_no_summary_of_a_committed_run_prints_more_than_four_significant_digits(part, capsys):
+    path = max((REPO / "results" / "runs" / "cpu").glob(f"*-{part}.json"))
+    getattr(summaries, part)(path)
+    out = capsys.readouterr().out
+    tokens = [t.strip("(),;:x%") for line in out.splitlines() for t in line.split()]
+    numbers = [t for t in tokens if NUMBER.match(t) and not t.isdigit()]  # a plain integer is a count or setting
+    assert numbers and all(significant(t) <= 4 for t in numbers), [t for t in numbers if significant(t) > 4]

@@ -10,6 +10,7 @@ GRPO_PART_S = (900, 120)
 DISTRIBUTED_PART_S = (300, 120)
 CONTEXT_SEARCH_S = 1200
 ESTIMATE_WITHIN = 0.25  # the whole-run estimate printed at the start, against the real time
+PLAN_S = 2.0  # `plan` of one shape over every card and count, on this project's 2-core machines: each run prints it
 
 # What a measurement must hold to, run by run.
 HARNESS_OVERHEAD = 0.02  # the parent's sampler CPU time over wall time, per configuration or rank
