@@ -470,7 +470,17 @@ def catalog_with_a_new_class(tmp_path, monkeypatch):
 def test_a_new_hardware_class_is_one_catalog_entry(catalog_with_a_new_class, capsys):
     assert machines.classify("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 94.97) == ("gpu", "rtx-pro-6000")
     assert profile.load("gpu", hardware="rtx-pro-6000").hardware == "rtx-pro-6000"
-    cli.main(["estimate", "--shape", "8b", "--hardware", "rtx-pro-6000", "--levers", "model=lora"])
+    cli.main(
+        [
+            "estimate",
+            "--shape",
+            "8b",
+            "--hardware",
+            "rtx-pro-6000",
+            "--levers",
+            "model=lora,gradient_checkpointing=true",
+        ]
+    )
     out = capsys.readouterr().out
     assert "NVIDIA RTX PRO 6000 Blackwell (94.97 GiB each)" in out and "time per step, per GPU" in out
 

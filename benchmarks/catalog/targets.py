@@ -27,6 +27,9 @@ MEMORY_WITHIN = (0.10, 0.25)  # the training-phase peak
 STEP_TIME_WITHIN = (0.15, 0.35)  # the whole step
 PHASE_TIME_WITHIN = 0.25  # each phase over PHASE_SHARE of its step: the median
 PHASE_SHARE = 0.10
+# The models against published GPU figures held out of every fit (results/published): memory and time as (median,
+# worst) ratios either way, minimum GPUs as the share of entries matched exactly.
+PUBLISHED_WITHIN = {"memory": (1.25, 1.5), "time": (1.5, 2.0), "min_gpus": 0.8}
 
 # Reward throughput against the guide's code (rows named ``seed``) on the same inputs: (name, claim as every
 # rewards file records it, rewards compared, minimum ratio of completions/s, within the rows' noise).

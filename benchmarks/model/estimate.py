@@ -238,9 +238,9 @@ def _update(est: Estimate, step: _Step, temporaries: int) -> None:
 def _cannot_start(levers: Levers, hardware: Hardware, share: float, need: EngineNeed, what: str) -> str:
     return (
         f"{what} cannot start: its share ({levers.vllm_gpu_memory_utilization:g} x {hardware.memory_gib:g} GiB = "
-        f"{share / GIB:.1f} GiB) is less than its {need.precision} weights ({need.weights / GIB:.1f} GiB), one "
-        f"rollout's KV cache ({need.kv_cache / GIB:.2f} GiB) and vLLM's overheads ({need.overhead / GIB:.1f} GiB, "
-        f"assumed): {need.total / GIB:.1f} GiB"
+        f"{share / GIB:.1f} GiB) is less than its {need.precision} weights ({need.weights / GIB:.1f} GiB), the KV "
+        f"cache of one sequence at its max_model_len ({need.kv_one_sequence / GIB:.2f} GiB; vLLM refuses to start "
+        f"with less) and vLLM's overheads ({need.overhead / GIB:.1f} GiB, assumed): {need.to_start / GIB:.1f} GiB"
     )
 
 
@@ -250,7 +250,7 @@ def _server_engine(est: Estimate, step: _Step) -> None:
     est.add("rollout", "vllm", 0, "server mode: the engine runs on GPUs of its own, not the trainer's")
     need = engine_need(step.shape, step.dtype, levers, step.work)
     share = levers.vllm_gpu_memory_utilization * hardware.memory_gib * GIB
-    if share < need.total:
+    if share < need.to_start:
         est.engine_cannot_start = _cannot_start(levers, hardware, share, need, "the server's engine")
 
 
@@ -267,8 +267,10 @@ def _colocated_engine(est: Estimate, step: _Step) -> None:
         f"{need.weights / GIB:.1f} GiB + one rollout's KV {need.kv_cache / GIB:.1f} GiB + overheads "
         f"{need.overhead / GIB:.1f} GiB (assumed)"
     )
-    if reserved < need.total:
+    if reserved < need.to_start:
         est.engine_cannot_start = _cannot_start(levers, hardware, reserved, need, "engine")
+    elif reserved < need.total:
+        note += f"; KV for {(reserved - need.weights - need.overhead) / need.kv_cache:.0%} of the rollout at once"
     if levers.vllm_enable_sleep_mode:
         note += "; sleep mode (TRL 1.16: level 2) frees weights and KV outside the rollout"
         est.add("rollout", "vllm", reserved, note)
@@ -440,11 +442,12 @@ def on_gpus(levers: Levers, count: int) -> Levers:
         if levers.use_vllm and levers.vllm_mode == "colocate" and levers.vllm_tensor_parallel_size == 1
         else levers.vllm_tensor_parallel_size
     )
+    offloaded = "cpu" in (levers.offload_param_device, levers.offload_optimizer_device)
     return replace(
         levers,
         num_processes=ranks,
         num_machines=machines,
-        distributed_type="no" if count == 1 else kind,
+        distributed_type="no" if count == 1 and not offloaded else kind,  # ZeRO offload runs on one rank too
         vllm_tensor_parallel_size=tp if ranks % tp == 0 else 1,
     )
 

@@ -141,17 +141,24 @@ class Estimate:
 
 @dataclass(frozen=True)
 class EngineNeed:
-    """What a colocated vLLM engine must hold to start (vLLM refuses to start otherwise): its weights
-    in its own precision, the KV cache of one rollout, and its own overheads."""
+    """What a vLLM engine holds to run a rollout at once: its weights in its own precision, the KV cache of the
+    whole rollout, and its own overheads; and the least it starts with: the KV of one sequence at its
+    max_model_len in place of the rollout's (vLLM's check_enough_kv_cache_memory refuses less, "To serve at least
+    one request with the models's max seq len"; with more, it schedules the rollout's sequences in turn)."""
 
     weights: int
     kv_cache: int
     overhead: int
     precision: str
+    kv_one_sequence: int = 0
 
     @property
     def total(self) -> int:
         return self.weights + self.kv_cache + self.overhead
+
+    @property
+    def to_start(self) -> int:
+        return self.weights + self.kv_one_sequence + self.overhead
 
 
 def engine_need(shape: Shape, dtype: str, levers: Levers, work: Workload) -> EngineNeed:
@@ -171,7 +178,8 @@ def engine_need(shape: Shape, dtype: str, levers: Levers, work: Workload) -> Eng
     tp = levers.vllm_server_tensor_parallel_size if levers.vllm_mode == "server" else levers.vllm_tensor_parallel_size
     if tp > 1:
         precision += f", tensor parallel over {tp} GPUs"
-    return EngineNeed(int(weights / tp), kv, VLLM_OVERHEAD_BYTES, precision)
+    one = kv_bytes_per_token(shape, b) * length / tp
+    return EngineNeed(int(weights / tp), kv, VLLM_OVERHEAD_BYTES, precision, int(one))
 
 
 def quantised_params(shape: Shape) -> int:

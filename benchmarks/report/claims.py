@@ -1,8 +1,10 @@
 """The claims ledger (``results/claims.md``, the site's front page): every claim of the guide the suite checks
 (docs/claims.md), its status, the measured figure beside the model's, and the result files behind it.
 
-A status is one of ``STATUSES``: a claim is *measured* only by a result file of the hardware class it is
-about; until one exists it rests on the model (*predicted only*) or on nothing yet (*not yet measured*)."""
+A status is one of ``STATUSES``: a claim is *measured here* only by a result file of the hardware class it is
+about that exercises the path the claim is about; *published elsewhere* where a cited published figure of that
+class and size decides it (results/published); until then it rests on the model (*predicted only*) or on nothing
+yet (*not yet measured*)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from itertools import combinations
 
 import pandas as pd
 
+from benchmarks.catalog import published
 from benchmarks.catalog.contenders import BASELINE
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.catalog.targets import CLAIM_HOLDS_WITHIN
@@ -25,26 +28,32 @@ from benchmarks.report.sizing import (
     predicted_cell,
     vllm_share,
 )
+from benchmarks.results.records import readable
 from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile
 from benchmarks.run.context_verdict import claim_holds
 
 GUIDE = "A GRPO sizing guide (last verified 2026-07-13)"  # the document the claims come from (docs/claims.md)
-HOLDS, FAILS = "measured: holds", "measured: does not hold"
+HOLDS, FAILS = "measured here: holds", "measured here: does not hold"
+PUBLISHED_HOLDS, PUBLISHED_FAILS = "published elsewhere: holds", "published elsewhere: does not hold"
 PREDICTED, UNMEASURED = "predicted only", "not yet measured"
-NO_FIGURE = "measured: the guide states no figure"
-STATUSES = (HOLDS, FAILS, PREDICTED, UNMEASURED, NO_FIGURE)
+NO_FIGURE = "measured here: the guide states no figure"
+STATUSES = (HOLDS, FAILS, PUBLISHED_HOLDS, PUBLISHED_FAILS, PREDICTED, UNMEASURED, NO_FIGURE)
 
 # The guide's "Memory Anchors by Size Class": the row, the size class that stands for it (the largest it
 # names) and the hardware class it names.
+# The row, the size class that stands for it (the largest it names), the hardware class and the levers it names
+# (full fine-tuning with them; None: any lever set).
+THREE = {"gradient_checkpointing": True, "optim": "adamw_8bit", "vllm_enable_sleep_mode": True}
 ANCHOR_ROWS = (
     (
         "small",
         "Small (≤~3B) | 24GB-class GPU — vLLM sleep mode + 8-bit AdamW + gradient checkpointing",
         "3b",
         "24gb",
+        THREE,
     ),
-    ("32b", "~32B-class | H200-class GPU", "32b", "h200"),
-    ("70b", "~70B-class | B200-class GPU", "70b", "b200"),
+    ("32b", "~32B-class | H200-class GPU", "32b", "h200", None),
+    ("70b", "~70B-class | B200-class GPU", "70b", "b200", None),
 )
 THREE_LEVERS = {"vLLM sleep": {"vllm_enable_sleep_mode": True}, "8-bit AdamW": {"optim": "adamw_8bit"}}
 THREE_LEVERS |= {"checkpointing": {"gradient_checkpointing": True}}
@@ -73,6 +82,7 @@ class Claim:
     model: str
     evidence: tuple[Evidence, ...] = ()
     detail: str = ""  # the table that holds the rest, under results/tables/
+    published: str = "none"  # published figures beside it (results/published), cited
 
 
 def evidence(result: Result) -> Evidence:
@@ -80,42 +90,93 @@ def evidence(result: Result) -> Evidence:
     return Evidence(file=result.path, hardware=result.hardware, machine=machine, commit=commit, date=result.date)
 
 
-def ledger(results: list[Result]) -> list[Claim]:
-    """Every claim, from the results the tables cite (``tables.headline``)."""
+def ledger(results: list[Result], entries: list[published.Entry] | None = None) -> list[Claim]:
+    """Every claim, from the results the tables cite (``tables.headline``) and the published figures (default:
+    every entry under results/published)."""
+    entries = published.entries() if entries is None else entries
     return [
-        *(_anchor_claim(key, guide, size, gpu_class, results) for key, guide, size, gpu_class in ANCHOR_ROWS),
+        *(_anchor_claim(row, results, entries) for row in ANCHOR_ROWS),
         _three_lever_claim(),
         _spark_claim(results),
-        _context_claim(results),
+        _context_claim(results, entries),
         _reward_claim(results),
     ]
 
 
-def _anchor_claim(key: str, guide: str, size: str, gpu_class: str, results: list[Result]) -> Claim:
-    """A row of the guide's table: measured where a GRPO file of that size ran on that class."""
+def _anchor_claim(row: tuple, results: list[Result], entries: list[published.Entry]) -> Claim:
+    """A row of the guide's table: measured here where a GRPO file of that size ran on that class, else published
+    where a cited figure of that size and class decides it, else predicted; judged on the levers the row names."""
+    key, guide, size, gpu_class, named = row
+    name = CLASS_NAMES.get(gpu_class, gpu_class)
+    title = f"{size} on one {name} GPU" + (" with the levers it names" if named else "")
+    model = _anchor_model(size, gpu_class, named)
+    found = _published_for(size, gpu_class, entries)
+    measured, file = measured_cells(results).get((size, gpu_class), (None, None))
+    if measured is not None:
+        status = HOLDS if measured.startswith("fits") else FAILS
+        cited = tuple(evidence(r) for r in results if r.path == file)
+        return Claim(key, title, guide, status, measured, model, cited, "sizing.md", found.text)
+    status = PREDICTED if found.holds is None else PUBLISHED_HOLDS if found.holds else PUBLISHED_FAILS
+    return Claim(key, title, guide, status, "no GRPO run on this class yet", model, (), "sizing.md", found.text)
+
+
+def _anchor_model(size: str, gpu_class: str, named: dict | None) -> str:
+    """The model's verdict on one GPU of the class: with the levers the row names (full fine-tuning), the
+    lightest lever set that fits beside it; else the lightest lever set that fits."""
     _, hardware = hardware_for(gpu_class, load_hardware())
     name = CLASS_NAMES.get(gpu_class, gpu_class)
     cell = predicted_cell(size, hardware)
-    if cell is None:
-        model = f"{size} does not fit any number of {name} GPUs at the guide's workload (predicted)"
-    else:
-        count, label, peak = cell.count, cell.label, cell.peak
-        verdict = "holds" if count == 1 else "does not hold: needs more than one GPU"
-        model = f"{size}: {count} x {name}, {label}, {peak / GIB:.0f} GiB per GPU: {verdict}"
-    measured, file = measured_cells(results).get((size, gpu_class), (None, None))
-    if measured is None:
-        return Claim(
-            key,
-            f"{size} on one {name} GPU",
-            guide,
-            PREDICTED,
-            "no GRPO run on this class yet",
-            model,
-            detail="sizing.md",
-        )
-    status = HOLDS if measured.startswith("fits") else FAILS
-    cited = tuple(evidence(r) for r in results if r.path == file)
-    return Claim(key, f"{size} on one {name} GPU", guide, status, measured, model, cited, "sizing.md")
+    lightest = (
+        f"{size} does not fit any number of {name} GPUs at the guide's workload"
+        if cell is None
+        else f"{cell.count} x {name}, {cell.label}, {cell.peak / GIB:.0f} GiB per GPU"
+    )
+    if named is None:
+        verdict = "holds" if cell is not None and cell.count == 1 else "does not hold: needs more than one GPU"
+        return f"{size}: {lightest}: {verdict}"
+    levers = vllm_share(replace(GUIDE_BASE, **named), size, hardware)
+    peak = estimate(load_shapes()[size], GUIDE_DTYPE, levers, GUIDE_WORKLOAD, hardware, malloc_fixed=True).peak
+    verdict = "holds" if peak <= hardware.memory_gib * GIB else "does not hold"
+    return (
+        f"{size}, full fine-tuning with the levers it names: {peak / GIB:.0f} GiB on one {hardware.memory_gib:g} GiB "
+        f"{name} GPU: {verdict}; the lightest that fits: {lightest}"
+    )
+
+
+@dataclass(frozen=True)
+class Published:
+    text: str
+    holds: bool | None  # None: no published figure of this size and class decides it
+
+
+def _published_for(size: str, gpu_class: str, entries: list[published.Entry]) -> Published:
+    """The published entries of this size class: cited beside the claim; those of its hardware class decide it
+    (fewest GPUs 1, or a peak within the class's memory)."""
+    catalog = load_hardware()
+    _, hardware = hardware_for(gpu_class, catalog)
+    mine = [e for e in entries if e.mapping is not None and e.mapping.shape == size]
+    deciding = [e for e in mine if catalog[e.mapping.card].gpu_class == gpu_class and e.kind in ("min_gpus", "memory")]
+    holds = None
+    if deciding:
+        holds = all(_one_gpu_holds(e, hardware.memory_gib) for e in deciding)
+    text = "; ".join(f"{_stated(e)} ({e.source}: {e.id})" for e in mine) or "none of this size class"
+    return Published(text, holds)
+
+
+def _one_gpu_holds(entry: published.Entry, memory_gib: float) -> bool:
+    figure = entry.stated
+    if entry.kind == "min_gpus":
+        return figure.value == 1
+    return figure.value * published.UNIT_BYTES[figure.unit] <= memory_gib * GIB
+
+
+def _stated(entry: published.Entry) -> str:
+    """An entry as the ledger cites it: who, what, on which GPUs, and its figure in the source's words."""
+    s, figure = entry.setup, entry.stated
+    method = f" {s.method}" if s.method else ""
+    where = f"{s.gpus} x {s.gpu}" if s.gpus else s.gpu
+    said = figure.words or f"{entry.figure} {figure.value:g} {figure.unit}"
+    return f"{s.framework}: {s.model}{method} on {where}: {said}"
 
 
 def three_lever_fits(size: str) -> dict[tuple[str, ...], float]:
@@ -223,7 +284,7 @@ def _spark_projection(results: list[Result]) -> str:
     return f"{SPARK_SIZE} rollout of one GRPO step on a Spark (predicted): " + ", ".join(parts)
 
 
-def _context_claim(results: list[Result]) -> Claim:
+def _context_claim(results: list[Result], entries: list[published.Entry]) -> Claim:
     guide = (
         "Unsloth's chunked-loss RL path extends usable RL context to roughly 7x longer than an unchunked GRPO "
         "setup at the same memory budget"
@@ -241,12 +302,17 @@ def _context_claim(results: list[Result]) -> Claim:
             measured.append(f"{ratio:.1f}x ({where})")
         if verdict.predicted_ratio_vs_unchunked:
             model.append(f"{verdict.predicted_ratio_vs_unchunked:.1f}x ({where})")
-    if not ratios:
+    cuda = any("cuda" in r.record.search.budget_enforced_by for r in searches)
+    if not ratios or not cuda:  # a CPU search never runs Unsloth's efficient GRPO loss: it does not test the claim
         status = UNMEASURED
     else:
         status = HOLDS if all(map(claim_holds, ratios)) else FAILS
-    cuda = any("cuda" in r.record.search.budget_enforced_by for r in searches)
-    note = "" if cuda or not ratios else "; on CPU only, where Unsloth's efficient GRPO loss does not run"
+    note = (
+        ""
+        if cuda or not ratios
+        else "; CPU searches only, where Unsloth's efficient GRPO loss does not run: they do not test the claim"
+    )
+    cited = [e for e in entries if e.kind == "context" or "context" in e.figure]
     return Claim(
         "context-7x",
         "Unsloth's ~7x context",
@@ -256,12 +322,17 @@ def _context_claim(results: list[Result]) -> Claim:
         "; ".join(model) or "no prediction yet",
         tuple(map(evidence, searches)),
         "context.md",
+        "; ".join(f"{_stated(e)} ({e.source}: {e.id})" for e in cited) or "none",
     )
 
 
 def _at_ceiling(search: ContextFile) -> bool:
     """Whether Unsloth or the unchunked baseline fitted the search's longest length: no ratio to judge by."""
     return any(c.at_ceiling for c in search.contenders if c.stack == "unsloth" or c.name == BASELINE)
+
+
+# Rewards whose benchmark rows run a stand-in for what they call (benchmarks/rewardbench/bench_rewards.py).
+STUBBED = {"rubric_judge_reward": " (a stub judge that runs no model: the wrapper's own cost, not a judge's)"}
 
 
 def _reward_claim(results: list[Result]) -> Claim:
@@ -275,7 +346,9 @@ def _reward_claim(results: list[Result]) -> Claim:
     frame = frames.reward_rows(newest[0].record)
     seed = frame[(frame.implementation == "seed") & (frame.format == "str")]
     largest = seed.sort_values(["batch", "words"], ascending=[True, False], kind="stable").groupby("reward").last()
-    rates = [f"{reward} {row.completions_per_s:,.0f}/s" for reward, row in largest.iterrows()]
+    rates = [
+        f"{reward} {readable(row.completions_per_s)}/s{STUBBED.get(reward, '')}" for reward, row in largest.iterrows()
+    ]
     real = frames.reward_shares(results).query("reward != 'synthetic'")
     shares = [f"{row.reward} reward {row.share:.1%} of a step" for row in real.itertuples()]
     measured = f"the guide's code on {newest[0].hardware}: " + ", ".join(rates)
@@ -304,6 +377,7 @@ def claims_markdown(claims: list[Claim]) -> str:
             "status": claim.status,
             "measured": claim.measured,
             "model": claim.model,
+            "published elsewhere": claim.published,
             "evidence": "; ".join(f"{e.file} ({e.machine}, {e.commit}, {e.date})" for e in claim.evidence) or "none",
             "detail": f"results/tables/{claim.detail}" if claim.detail else "",
         }
@@ -314,8 +388,10 @@ def claims_markdown(claims: list[Claim]) -> str:
         "\n".join(
             [
                 "Every claim of the guide the suite checks (docs/claims.md), its status and the evidence behind it. A "
-                "claim is measured only by a result file of the hardware class it is about; until then it rests on "
-                "the model (predicted only).",
+                "claim is measured here only by a result file of the hardware class it is about that runs the path "
+                "it is about; published elsewhere where a cited figure of its size and class decides it "
+                "(results/published, scored in tables/published.md); until then it rests on the model (predicted "
+                "only).",
                 "",
                 frames.markdown(pd.DataFrame(rows)),
                 "",

@@ -30,6 +30,8 @@ th, td { border: 1px solid #d0d0d0; padding: 4px 8px; vertical-align: top; text-
 th { background: #f2f2f2; }
 .status { font-weight: 600; white-space: nowrap; padding: 2px 6px; border-radius: 4px; }
 .holds { background: #d7f5dd; } .fails { background: #fbd9d9; }
+.published-holds { background: #e3f2e6; outline: 1px dashed #6a6; }
+.published-fails { background: #f7e3e3; outline: 1px dashed #a66; }
 .predicted-only { background: #fff1c9; } .unmeasured { background: #e6e6e6; } .no-figure { background: #dceafc; }
 td.predicted { background: #fffbea; } td.measured { background: #eefbf0; }
 .chart { margin: 12px 0; max-width: 100%; height: auto; }

@@ -22,11 +22,13 @@ NAV = (
     ("hardware/index.html", "Hardware classes"),
     ("series.html", "Series"),
     ("compare.html", "Side by side"),
+    ("tables/published.html", "Published figures"),
     ("tables/index.html", "Tables"),
     ("runs/index.html", "Runs"),
 )
 STATUS_CLASS = {claims.HOLDS: "holds", claims.FAILS: "fails", claims.PREDICTED: "predicted-only"}
 STATUS_CLASS |= {claims.UNMEASURED: "unmeasured", claims.NO_FIGURE: "no-figure"}
+STATUS_CLASS |= {claims.PUBLISHED_HOLDS: "published-holds", claims.PUBLISHED_FAILS: "published-fails"}
 Pages = dict[str, tuple[str, str]]
 
 

@@ -269,5 +269,6 @@ def sizing_notes() -> list[str]:
         + GPU_ASSUMPTIONS
         + "), on the CPU at the rates fitted on "
         + FITTED_TIME_FILES[0]
-        + " (that machine's calibration).",
+        + " (that machine's calibration). How far both models were off on published GPU figures (fewest GPUs, "
+        "seconds a step), held out of every fit: published.md.",
     ]

@@ -30,6 +30,7 @@ from benchmarks.catalog.targets import MEMORY_WITHIN
 from benchmarks.model.estimate import GIB, Workload, estimate
 from benchmarks.report import claims, frames, time_tables
 from benchmarks.report.part_tables import context_table, decode_table, distributed_table, rewards_table
+from benchmarks.report.published_scores import published_table
 from benchmarks.report.sizing import sizing_table
 from benchmarks.report.validation import FITTED_FILES, validate
 from benchmarks.results.schema import ContextFile, Result, load_results
@@ -169,6 +170,7 @@ def build(results: list[Result], every: list[Result] | None = None) -> dict[str,
         "rewards": rewards_table(results),
         "model": model_table(with_fitted_runs(results, every))[0] + "\n" + time_tables.time_table(every),
         "distributed": distributed_table(results),
+        "published": published_table(),
         LEDGER: claims.claims_markdown(claims.ledger(results)),
     }
 

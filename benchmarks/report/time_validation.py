@@ -22,6 +22,7 @@ from benchmarks.model.timing import (
     phase_work,
     step_time,
 )
+from benchmarks.report.published_scores import class_error
 from benchmarks.results.schema import Calibration, Configuration, Result
 
 # The runs the time model's coefficients are fitted on: one cpu profile run's GRPO and ZeRO parts.
@@ -243,14 +244,18 @@ def targets(checks: list[TimeCheck]) -> list[tuple[str, float | None, float, boo
 
 
 def error_line(gpu_class: str) -> str:
-    """Where a time estimate's error is known from: model.md's held-out checks on a CPU, none on a GPU class yet."""
+    """Where an estimate's error is known from: model.md's held-out time checks on a CPU; on a GPU class the
+    published figures of that class the models were scored against (published.md), where any were."""
     if gpu_class == "cpu":
         return (
             "error: as model.md's held-out time checks on this CPU (fitted on " + " and ".join(FITTED_TIME_FILES) + ")"
         )
+    published = class_error(gpu_class)
+    if published:
+        return "error on published figures of this class (results/tables/published.md): " + "; ".join(published)
     return (
-        "error: not known on this class: its rates are assumptions (peaks x efficiencies, hardware.toml) until a "
-        "run on it is scored in model.md"
+        "error: not known on this class: no run on it and no published figure of it is scored yet (its rates are "
+        "peaks x assumed efficiencies, hardware.toml; results/tables/published.md scores the classes that have some)"
     )
 
 

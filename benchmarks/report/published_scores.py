@@ -1,0 +1,306 @@
+"""Both models scored against published GPU figures (``catalog.published``): each mapped entry's stated figure
+beside the prediction and their ratio, grouped by kind and role with the median and worst ratio, the targets,
+and, where a group misses its target, which term is off and by how much (``published.md``)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from benchmarks.catalog import published
+from benchmarks.catalog.profiles import load_hardware, load_shapes
+from benchmarks.catalog.targets import PUBLISHED_WITHIN
+from benchmarks.model import guide, plan
+from benchmarks.model.timing import DECODE_MBU, GPU_ASSUMPTIONS, TRAINING_MFU, assumed_rates
+from benchmarks.results.records import Target, readable
+
+
+@dataclass(frozen=True)
+class Score:
+    """One entry: the prediction in the stated unit and its ratio to the stated figure (None where unscored, with
+    the reason); for a time, each phase group's share of the prediction."""
+
+    entry: published.Entry
+    predicted: float | None = None
+    reason: str = ""
+    rollout_s: float = 0.0  # the prediction's rollout (and sleep/wake) seconds, for time
+
+    @property
+    def ratio(self) -> float | None:
+        if self.predicted is None:
+            return None
+        return self.predicted / self.entry.stated.value
+
+
+def ask_of(mapping: published.Mapping) -> plan.Ask:
+    base = replace(guide.GUIDE_BASE, **mapping.levers)
+    return plan.Ask(load_shapes()[mapping.shape], base, frozenset(mapping.levers), mapping.prompt_tokens)
+
+
+def score(entry: published.Entry) -> Score:
+    """The models' figure for a mapped entry, in its stated unit."""
+    mapping = entry.mapping
+    if mapping is None:
+        return Score(entry, reason=entry.unmapped)
+    hardware = load_hardware()[mapping.card]
+    ask = ask_of(mapping)
+    if entry.kind == "min_gpus":
+        found = plan.smallest(ask, hardware, mapping.card)
+        if found is None:
+            return Score(entry, reason="no count up to 64 fits, predicted")
+        return Score(entry, float(found.gpus))
+    placed = ask.on(ask.base, mapping.gpus, hardware)
+    if entry.kind == "memory":
+        return Score(entry, ask.predict(placed, hardware).peak / published.UNIT_BYTES[entry.stated.unit])
+    step = ask.step(placed, assumed_rates(hardware))
+    rollout = step.phases.get("rollout", 0.0) + step.phases.get("sleep_wake", 0.0)
+    if entry.kind == "time":
+        return Score(entry, step.step_s, rollout_s=rollout)
+    return Score(entry, step.tokens_per_s_per_gpu, rollout_s=rollout)
+
+
+def scores(entries: list[published.Entry] | None = None) -> list[Score]:
+    return [score(e) for e in (published.entries() if entries is None else entries)]
+
+
+def worst(ratios: list[float]) -> float:
+    """The ratio furthest from 1, either way."""
+    return max(ratios, key=lambda r: abs(math.log(r)))
+
+
+def within(ratio: float) -> float:
+    """A ratio as "within N x" reads it: over or under alike."""
+    return max(ratio, 1 / ratio)
+
+
+def targets(found: list[Score]) -> list[Target]:
+    """The held-out targets: memory and time within their median and worst, minimum GPUs matched."""
+    held = [s for s in found if s.entry.role == "held-out" and s.ratio is not None]
+    out = []
+    for kind in ("memory", "time"):
+        ratios = [within(s.ratio) for s in held if s.entry.kind == kind]
+        median, most = PUBLISHED_WITHIN[kind]
+        out.append(Target.at_most(f"held-out {kind}: median within {median:g}x", _median(ratios), median))
+        out.append(Target.at_most(f"held-out {kind}: worst within {most:g}x", max(ratios, default=None), most))
+    counts = [s for s in found if s.entry.role == "held-out" and s.entry.kind == "min_gpus" and s.entry.mapping]
+    share = PUBLISHED_WITHIN["min_gpus"]
+    matched = sum(s.predicted == s.entry.stated.value for s in counts) / len(counts) if counts else None
+    claim = f"held-out minimum GPUs: matched exactly on at least {share:.0%}"
+    out.append(Target(claim=claim, measured=matched, limit=share, met=None if matched is None else matched >= share))
+    return out
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def binding_term(entry: published.Entry) -> str:
+    """What keeps the mapped setup off the published count of GPUs, in the memory model: the engine's start or the
+    largest term of the peak phase."""
+    mapping = entry.mapping
+    hardware = load_hardware()[mapping.card]
+    why = plan.why_not(ask_of(mapping), hardware, mapping.card, int(entry.stated.value))
+    if why.engine:
+        return "the vLLM engine's start (weights, one sequence's KV, 2 GiB of assumed overheads)"
+    return why.term
+
+
+def off_by(found: list[Score]) -> list[str]:
+    """Which term is off and by how much, per kind: for time, the factor the rollout alone, or the training
+    phases alone, would need to match each stated step (medians); for memory, the median ratio."""
+    lines = []
+    times = [s for s in found if s.entry.kind == "time" and s.ratio is not None]
+    if times:
+        rollout = [(s.entry.stated.value - (s.predicted - s.rollout_s)) / s.rollout_s for s in times if s.rollout_s]
+        training = [(s.entry.stated.value - s.rollout_s) / (s.predicted - s.rollout_s) for s in times]
+        lines.append(
+            f"time: the step is predicted at {readable(_median([s.ratio for s in times]))}x of the stated (median); "
+            f"to match it alone the rollout would need {readable(_median(rollout))}x its predicted seconds, or the "
+            f"training phases (log-probs, forward and backward, optimizer) {readable(_median(training))}x"
+        )
+    counted = [s for s in found if s.entry.kind == "min_gpus" and s.entry.mapping]
+    missed = [s for s in counted if s.predicted != s.entry.stated.value]
+    if missed:
+        terms = Counter(binding_term(s.entry) for s in missed)
+        counted = ", ".join(f"{term} on {n}" for term, n in terms.most_common())
+        lines.append(
+            f"fewest GPUs: {len(missed)} entries not matched; what the memory model holds binding at the published "
+            f"count: {counted}"
+        )
+    memory = [s.ratio for s in found if s.entry.kind == "memory" and s.ratio is not None]
+    if memory:
+        lines.append(f"memory: predicted at {readable(_median(memory))}x of the stated peak (median)")
+    return lines
+
+
+KIND_TITLES = {
+    "memory": "Peak memory per GPU",
+    "min_gpus": "Fewest GPUs",
+    "time": "Seconds a step",
+    "throughput": "Tokens a second per GPU",
+}
+
+
+def published_table(found: list[Score] | None = None) -> str:
+    """published.md: the targets, each mapped entry's figure beside the prediction by kind and role with the
+    median and worst ratio, the entries the suite cannot map with the reason, and the sources."""
+    found = scores() if found is None else found
+    sources = published.load()
+    classes = sorted({s.entry.setup.gpu for s in found} - {"(not stated)"})
+    lines = [
+        "## Published GPU figures against the models",
+        "",
+        f"{len(found)} entries from {len(sources)} sources (results/published/), on {len(classes)} GPU classes as "
+        f"stated ({', '.join(classes)}); {sum(s.entry.mapping is not None for s in found)} mapped to the suite's "
+        "shapes, cards and levers and scored, the rest listed with the reason. Ratios are predicted / stated. "
+        "Held-out entries never tune a constant (NVIDIA NeMo RL's are all held out).",
+        "",
+        "### Targets (held-out entries)",
+        "",
+        *[f"- {t.line()}" for t in targets(found)],
+        "",
+        "Where the models are off (every scored entry): ",
+        "",
+        *[f"- {line}" for line in off_by(found)],
+        "",
+        *calibration_lines(found),
+    ]
+    for kind in published.KINDS:
+        for role in published.ROLES:
+            group = [s for s in found if s.entry.kind == kind and s.entry.role == role and s.entry.mapping]
+            if group:
+                lines += ["", f"### {KIND_TITLES[kind]}, {role}", "", *group_lines(group)]
+    unmapped = [s for s in found if s.entry.mapping is None]
+    if unmapped:
+        rows = [(s.entry.id, s.entry.source, _setup(s.entry), s.reason) for s in unmapped]
+        lines += ["", "### Not mapped, so not scored", "", _markdown(("entry", "source", "setup", "why"), rows)]
+    rows = [(s.locator, s.project, s.document, str(s.read), str(len(s.entries))) for s in sources]
+    lines += ["", "### Sources", "", _markdown(("locator", "project", "document", "read", "entries"), rows)]
+    return "\n".join(lines) + "\n"
+
+
+def group_lines(group: list[Score]) -> list[str]:
+    rows = []
+    for s in group:
+        figure = s.entry.stated
+        predicted = "none fits" if s.predicted is None else readable(s.predicted)
+        ratio = "-" if s.ratio is None else f"{readable(s.ratio)}x"
+        rows.append((s.entry.id, _setup(s.entry), f"{readable(figure.value)} {figure.unit}", predicted, ratio,
+                     s.entry.mapping.approximations))  # fmt: skip
+    table = _markdown(("entry", "setup as stated", "stated", "predicted", "ratio", "mapped with"), rows)
+    ratios = [s.ratio for s in group if s.ratio is not None]
+    summary = "no entry scored"
+    if ratios:
+        summary = f"median {readable(statistics.median(ratios))}x, worst {readable(worst(ratios))}x over {len(ratios)}"
+    unscored = [f"{s.entry.id}: {s.reason}" for s in group if s.ratio is None]
+    return [table, "", summary + (f"; not scored: {'; '.join(unscored)}" if unscored else "")]
+
+
+def _setup(entry: published.Entry) -> str:
+    s = entry.setup
+    gpus = f"{s.gpus} x {s.gpu}" if s.gpus else s.gpu
+    method = f", {s.method}" if s.method else ""
+    return f"{s.framework}: {s.model}{method} on {gpus}"
+
+
+def _markdown(header: tuple[str, ...], rows: list[tuple]) -> str:
+    cell = lambda text: str(text).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(out + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows])
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """The GPU efficiencies the calibration entries give, and the entries they came from."""
+
+    training_mfu: float
+    decode_mbu: float
+    entries: tuple[str, ...]
+
+
+def time_parts(entry: published.Entry) -> tuple[float, float, float]:
+    """An entry's predicted step in three parts: seconds of its FLOPs at the card's peak, of its bytes at the
+    spec bandwidth, and the rest at the assumed rates."""
+    mapping = entry.mapping
+    hardware = load_hardware()[mapping.card]
+    ask = ask_of(mapping)
+    placed = ask.on(ask.base, mapping.gpus, hardware)
+    rates = assumed_rates(hardware)
+    work = plan._phase_work(ask.shape, ask.dtype, replace(placed, vllm_gpu_memory_utilization=1.0), ask.prompt_tokens)
+    flops = sum(w.flops for w in work.values()) / (hardware.peak_bf16_tflops * 1e12)
+    streamed = sum(w.bytes for w in work.values()) / (hardware.spec_bandwidth_gb_s * 1e9)
+    rest = sum(rates.seconds(replace(w, flops=0.0, bytes=0.0)) for w in work.values())
+    return flops, streamed, rest
+
+
+def fit_efficiencies(entries: list[published.Entry]) -> Fitted | None:
+    """TRAINING_MFU and DECODE_MBU by least squares of the relative error over the mapped ``calibration`` time
+    entries (held-out ones are dropped here, before anything is fitted); None with fewer than two, or where the
+    fit is not positive."""
+    calibration = [e for e in entries if e.role == "calibration" and e.kind == "time" and e.mapping is not None]
+    if len(calibration) < 2:
+        return None
+    rows, targets_ = [], []
+    for e in calibration:
+        flops, streamed, rest = time_parts(e)
+        measured = e.stated.value
+        rows.append((flops / measured, streamed / measured))
+        targets_.append(1 - rest / measured)
+    (a, b), (c, d) = (
+        (sum(r[0] * r[0] for r in rows), sum(r[0] * r[1] for r in rows)),
+        (sum(r[0] * r[1] for r in rows), sum(r[1] * r[1] for r in rows)),
+    )
+    u, v = sum(r[0] * t for r, t in zip(rows, targets_)), sum(r[1] * t for r, t in zip(rows, targets_))
+    determinant = a * d - b * c
+    if determinant == 0:
+        return None
+    x, y = (d * u - b * v) / determinant, (a * v - c * u) / determinant  # seconds per peak second: 1 / efficiency
+    if x <= 0 or y <= 0:
+        return None
+    return Fitted(1 / x, 1 / y, tuple(e.id for e in calibration))
+
+
+def calibration_lines(found: list[Score]) -> list[str]:
+    fitted = fit_efficiencies([s.entry for s in found])
+    calibration = [s.entry.id for s in found if s.entry.role == "calibration"]
+    lines = ["### Constants fitted on calibration entries", ""]
+    timed = [s for s in found if s.entry.role == "calibration" and s.entry.kind == "time" and s.entry.mapping]
+    if fitted is None:
+        lines.append(
+            f"None: the GPU time model's efficiencies need two mapped calibration entries of seconds a step, and "
+            f"there are {len(timed)}; its rates stay the assumptions ({GPU_ASSUMPTIONS}). Calibration entries: "
+            f"{', '.join(calibration) or 'none'}."
+        )
+    else:
+        lines.append(
+            f"Training at {fitted.training_mfu:.0%} of peak FLOP/s and decode at {fitted.decode_mbu:.0%} of spec "
+            f"bandwidth, fitted on {', '.join(fitted.entries)}, against the assumed {TRAINING_MFU:.0%} and "
+            f"{DECODE_MBU:.0%}."
+        )
+    return lines
+
+
+def class_error(gpu_class: str, found: list[Score] | None = None) -> list[str]:
+    """How far the models were off on the published figures of ``gpu_class``, per kind scored there."""
+    catalog = load_hardware()
+    mine = [
+        s
+        for s in (scores() if found is None else found)
+        if s.entry.mapping is not None and catalog[s.entry.mapping.card].gpu_class == gpu_class
+    ]
+    lines = []
+    for kind in published.KINDS:
+        group = [s for s in mine if s.entry.kind == kind]
+        ratios = [s.ratio for s in group if s.ratio is not None]
+        roles = "/".join(sorted({s.entry.role for s in group}))
+        if kind == "min_gpus" and group:
+            matched = sum(s.predicted == s.entry.stated.value for s in group)
+            lines.append(f"fewest GPUs matched on {matched} of {len(group)} published entries ({roles})")
+        elif ratios:
+            lines.append(
+                f"{KIND_TITLES[kind].lower()} predicted at {readable(statistics.median(ratios))}x of the published "
+                f"figure (median of {len(ratios)}, worst {readable(worst(ratios))}x; {roles})"
+            )
+    return lines
