@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import tomllib
 
 from benchmarks import REPO
@@ -111,6 +112,10 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     print_memory(est)
     fits = est.fits(capacity) and profiles.combination_problem(levers) is None
     print("\n" + verdict(est, capacity, hardware.name, args.min_gpus))
+    if est.engine_cannot_start and levers.vllm_mode == "colocate":
+        work = estimate.Workload.from_levers(levers, ask.prompt_tokens)
+        share = math.ceil(100 * estimate.engine_need(ask.shape, ask.dtype, levers, work).to_start / capacity) / 100
+        print(f"  vllm_gpu_memory_utilization >= {share:.2f} would start it" if share <= 1 else "")
     if fits:
         rates = step_rates(levers, hardware)
         print_step_time(args, plan.Setup(card, hardware, levers, server, est.peak, ask.step(levers, rates)), rates)
