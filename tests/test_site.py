@@ -14,7 +14,8 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from benchmarks import REPO
-from benchmarks.report import claims, site, svg, tables
+from benchmarks.catalog.profiles import load_hardware
+from benchmarks.report import claims, site, sizing, svg, tables
 from benchmarks.report.site_pages import link_result_files
 from benchmarks.report.svg import Point
 from benchmarks.results import schema
@@ -68,7 +69,7 @@ class Links(HTMLParser):
 
 def test_every_internal_link_of_the_built_site_names_a_file_it_holds(built):
     out, pages = built
-    assert {"index.html", "sizing.html", "series.html", "compare.html", "hardware/cpu.html"} <= {
+    assert {"index.html", "claims.html", "sizing.html", "series.html", "compare.html", "hardware/cpu.html"} <= {
         str(p.relative_to(out)) for p in pages
     }
     for page in pages:
@@ -85,9 +86,13 @@ def test_every_internal_link_of_the_built_site_names_a_file_it_holds(built):
 RESOLVED = "els => els.map(e => new URL(e.getAttribute('href') || e.getAttribute('src'), document.baseURI).href)"
 
 
+WIDTHS = (390, 1366)  # a phone and a laptop
+WIDER = "() => document.documentElement.scrollWidth - window.innerWidth"
+
+
 def test_every_page_loads_in_chromium_without_an_error_and_resolves_its_links_and_figures(built, served, browser):
     out, pages = built
-    page = browser.new_page()
+    page = browser.new_page(viewport={"width": WIDTHS[1], "height": 800})
     errors = []
     page.on("console", lambda message: message.type == "error" and errors.append(message.text))
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -105,14 +110,53 @@ def test_every_page_loads_in_chromium_without_an_error_and_resolves_its_links_an
                 assert local.is_file(), f"{name} links to {link}, which does not resolve"
         broken = page.eval_on_selector_all("img", "imgs => imgs.filter(i => !(i.complete && i.naturalWidth > 0))")
         assert not broken, f"{name}: an image did not load"
+        assert page.evaluate(WIDER) <= 0, f"{name}: wider than a {WIDTHS[1]} pixel window"
     page.close()
 
 
-def test_the_front_page_shows_every_claim_of_the_ledger_with_its_status(committed_results, served, browser):
+def test_no_page_is_wider_than_a_phone_wide_tables_scroll_inside_their_box(built, served, browser):
+    out, pages = built
+    page = browser.new_page(viewport={"width": WIDTHS[0], "height": 844})
+    for path in pages:
+        name = str(path.relative_to(out))
+        page.goto(served + name)
+        assert page.evaluate(WIDER) <= 0, f"{name}: {page.evaluate(WIDER)} pixels wider than a {WIDTHS[0]} px phone"
+    tops = page.eval_on_selector_all("header nav a", "links => links.map(a => a.getClientRects().length)")
+    assert tops and all(n == 1 for n in tops)  # no label wraps mid-label
+    page.close()
+
+
+def test_the_front_page_answers_on_its_first_screen_at_1366_by_800(built, served, browser):
+    page = browser.new_page(viewport={"width": 1366, "height": 800})
+    page.goto(served + "index.html")
+    banner = page.locator(".banner").inner_text()
+    assert re.search(r"\d+ of \d+ GPU classes measured by this suite", banner)
+    rows = page.locator("#answers tbody tr")
+    assert rows.count() == 6  # the guide's size classes
+    header = page.locator("#answers thead").inner_text()
+    assert "s a step" in header and "GPU-h per 1,000 steps" in header
+    last = rows.nth(rows.count() - 1).bounding_box()
+    assert last["y"] + last["height"] <= 800  # without scrolling
+    page.close()
+
+
+def test_there_is_a_page_for_every_gpu_class_of_the_catalogue_and_every_size_class_of_the_guide(built):
+    out, pages = built
+    names = {str(p.relative_to(out)) for p in pages}
+    classes = {h.gpu_class for h in load_hardware().values() if h.memory_gib}
+    assert {f"hardware/{c}.html" for c in classes} <= names
+    assert {f"sizes/{s}.html" for s in sizing.GUIDE_SAYS} <= names
+    h100 = (out / "hardware/h100.html").read_text()
+    assert "What the models predict" in h100 and "No run on this class yet" in h100 and "predicted" in h100
+    plan_page = (out / "sizes/32b.html").read_text()
+    assert "<svg" in plan_page and "* marks the Pareto" in plan_page and "predicted" in plan_page
+
+
+def test_the_claims_page_shows_every_claim_of_the_ledger_with_its_status(committed_results, served, browser):
     cited = tables.headline(schema.load_results(committed_results))
     expected = claims.ledger(cited)
     page = browser.new_page()
-    page.goto(served + "index.html")
+    page.goto(served + "claims.html")
     rows = page.locator("#ledger tbody tr")
     assert [rows.nth(i).get_attribute("data-claim") for i in range(rows.count())] == [c.key for c in expected]
     for index, claim in enumerate(expected):

@@ -10,6 +10,7 @@ records, frames and tables as ``nox -s tables``; the site's own pages are in ``s
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from html import escape
@@ -21,9 +22,15 @@ from benchmarks.results.schema import load_results
 SITE_MARK = ".grpo-bench-site"  # in every folder this builds: the one kind of folder it may empty
 STYLE = """
 body { font: 15px/1.45 system-ui, sans-serif; margin: 0; color: #1d1d1f; }
-header { background: #20232a; padding: 8px 24px; }
-header a { color: #e8e8e8; margin-right: 16px; text-decoration: none; }
-main { padding: 8px 24px 32px; max-width: 1500px; }
+header { background: #20232a; padding: 6px 16px; }
+header nav { display: flex; flex-wrap: wrap; gap: 2px 16px; }
+header a { color: #e8e8e8; text-decoration: none; white-space: nowrap; }
+main { padding: 8px 16px 32px; max-width: 1500px; overflow-wrap: anywhere; }
+h1 { font-size: 24px; margin: 10px 0 6px; }
+.scroll { overflow-x: auto; max-width: 100%; }
+.scroll table { overflow-wrap: normal; }
+pre { overflow-x: auto; }
+img, svg { max-width: 100%; height: auto; }
 footer { padding: 12px 24px; color: #666; font-size: 13px; border-top: 1px solid #ddd; }
 table { border-collapse: collapse; margin: 12px 0; font-size: 13px; }
 th, td { border: 1px solid #d0d0d0; padding: 4px 8px; vertical-align: top; text-align: left; }
@@ -39,6 +46,7 @@ td.predicted { background: #fffbea; } td.measured { background: #eefbf0; }
 .chart .grid { stroke: #e4e4e4; } .chart .noise { stroke-width: 2; opacity: 0.6; }
 .chart .predicted { stroke: #000; stroke-width: 2; }
 .lede { font-size: 17px; max-width: 900px; }
+.banner { background: #fff1c9; padding: 6px 10px; border-radius: 4px; max-width: 1100px; }
 .charts { display: flex; flex-wrap: wrap; gap: 4px 24px; }
 #ledger td:first-child { min-width: 150px; } #ledger td:nth-child(3), #ledger td:nth-child(4) { width: 25%; }
 """
@@ -74,6 +82,7 @@ def page(title: str, body: str, depth: int, footer: str, result_paths: list[str]
     """A whole page: navigation, the body (result file names in it linked to their pages), the footer."""
     up = "../" * depth
     nav = "".join(f'<a href="{up}{href}">{escape(label)}</a>' for href, label in site_pages.NAV)
+    body = re.sub(r"<table\b", '<div class="scroll"><table', body).replace("</table>", "</table></div>")
     return (
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'

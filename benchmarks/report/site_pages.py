@@ -10,16 +10,18 @@ from html import escape
 
 import pandas as pd
 
-from benchmarks.report import claims, site_data, site_runs, svg, tables, time_tables
+from benchmarks.report import claims, site_answers, site_data, site_runs, svg, tables, time_tables
 from benchmarks.report.part_tables import context_table, decode_table, distributed_table, rewards_table
-from benchmarks.report.sizing import sizing_grid, sizing_notes
+from benchmarks.report.sizing import CLASS_NAMES, sizing_grid, sizing_notes
 from benchmarks.report.time_validation import TimeCheck, validate_time
 from benchmarks.results.schema import Result
 
 NAV = (
-    ("index.html", "Claims"),
+    ("index.html", "Answers"),
+    ("claims.html", "Claims"),
     ("sizing.html", "Sizing"),
-    ("hardware/index.html", "Hardware classes"),
+    ("sizes/index.html", "Size classes"),
+    ("hardware/index.html", "GPU classes"),
     ("series.html", "Series"),
     ("compare.html", "Side by side"),
     ("tables/published.html", "Published figures"),
@@ -38,7 +40,9 @@ def pages(cited: list[Result], results: list[Result], figures: dict[str, list[st
     every = tables.headline(results, every_run=True)
     timed = validate_time(results)
     return {
-        "index.html": ("What the GRPO sizing guide's claims look like measured", front_page(cited)),
+        "index.html": ("Which GPUs, how many, how long", site_answers.front_page(cited, results)),
+        "claims.html": ("What the GRPO sizing guide's claims look like measured", front_page(cited)),
+        **site_answers.size_pages(results),
         "sizing.html": ("Which model size fits which GPU class", sizing_page(cited, results)),
         "series.html": ("Every metric over every run", series_page(every)),
         "compare.html": ("Side by side", compare_page(cited, every)),
@@ -219,25 +223,40 @@ def table_pages(cited: list[Result], results: list[Result]) -> Pages:
 
 
 def class_pages(cited: list[Result], results: list[Result], timed: list[TimeCheck]) -> Pages:
-    """A page per hardware class with results: its runs, GRPO steps and memory, decode, context and rewards."""
+    """A page per GPU class of the catalogue and per class with results: what the models predict for every size
+    class on it, and, where it has results, its runs, GRPO steps and memory, decode, context and rewards."""
     found = {}
-    for hardware in _classes(results):
-        mine, all_mine = [r for r in cited if r.hardware == hardware], [r for r in results if r.hardware == hardware]
-        sections = [
-            ("GRPO steps: per lever, the newest run", html_of(time_tables.steps_table(mine))),
-            ("GRPO memory: measured against the model", site_runs.memory_figure(mine, "../")),
-            ("GRPO time: measured against the model", site_runs.time_figure(mine, timed, "../")),
-            ("Many ranks", html_of(distributed_table(mine))),
-            ("Decode: against its ceiling and the spec", html_of(decode_table(mine))),
-            ("Context", html_of(context_table(mine))),
-            ("Rewards", html_of(rewards_table(mine))),
-            ("Every run", site_runs.runs_list(all_mine, up="../")),
-        ]
+    with_results = _classes(results)
+    catalogued = site_answers.gpu_classes()
+    every = [*catalogued, *(h for h in with_results if h not in catalogued)]
+    for hardware in every:
+        sections = []
+        if hardware in catalogued or hardware == "cpu":
+            sections.append(("What the models predict", site_answers.class_prediction(hardware, cited, results)))
+        if hardware in with_results:
+            sections += _measured_sections(hardware, cited, results, timed)
+        else:
+            sections.append(("Measured here", "<p>No run on this class yet: every figure above is predicted.</p>"))
         body = "\n".join(f"<h2>{escape(title)}</h2>\n{html}" for title, html in sections)
-        found[f"hardware/{hardware}.html"] = (f"Hardware class {hardware}", body)
+        found[f"hardware/{hardware}.html"] = (f"GPU class {CLASS_NAMES.get(hardware, hardware)}", body)
     listing = "".join(
-        f'<li><a href="{h}.html">{escape(h)}</a>: {sum(r.hardware == h for r in results)} result files</li>'
-        for h in _classes(results)
+        f'<li><a href="{h}.html">{escape(CLASS_NAMES.get(h, h))}</a>: '
+        f"{sum(r.hardware == h for r in results) or 'no'} result files</li>"
+        for h in every
     )
-    found["hardware/index.html"] = ("Hardware classes", f"<ul>{listing}</ul>")
+    found["hardware/index.html"] = ("GPU classes", f"<ul>{listing}</ul>")
     return found
+
+
+def _measured_sections(hardware: str, cited: list[Result], results: list[Result], timed: list[TimeCheck]) -> list:
+    mine, all_mine = [r for r in cited if r.hardware == hardware], [r for r in results if r.hardware == hardware]
+    return [
+        ("GRPO steps: per lever, the newest run", html_of(time_tables.steps_table(mine))),
+        ("GRPO memory: measured against the model", site_runs.memory_figure(mine, "../")),
+        ("GRPO time: measured against the model", site_runs.time_figure(mine, timed, "../")),
+        ("Many ranks", html_of(distributed_table(mine))),
+        ("Decode: against its ceiling and the spec", html_of(decode_table(mine))),
+        ("Context", html_of(context_table(mine))),
+        ("Rewards", html_of(rewards_table(mine))),
+        ("Every run", site_runs.runs_list(all_mine, up="../")),
+    ]

@@ -131,7 +131,7 @@ def measured_cells(results: list[Result]) -> dict[tuple[str, str], tuple[str, st
     return cells  # groups in date order: the newest file of a cell is the last written
 
 
-def _predicted_text(size: str, gpu_class: str, hardware: Hardware, rates: Rates | None) -> tuple[str, bool, int]:
+def predicted_text(size: str, gpu_class: str, hardware: Hardware, rates: Rates | None) -> tuple[str, bool, int]:
     """A predicted cell: the GPUs and lever set that fit, the peak and the step's seconds at ``rates`` (the
     class's, per device); whether it fits."""
     name = CLASS_NAMES.get(gpu_class, gpu_class)
@@ -208,9 +208,9 @@ def sizing_cells(results: list[Result], every: list[Result] | None = None) -> pd
     """One row per size class (smallest first) and hardware class (the guide's and every class with a GRPO result,
     smallest memory first): the cell's text, whether it fits, on how many GPUs, and the result file of a measured
     cell (None where predicted). ``every``: all results (the time model's fit), default ``results``."""
-    catalog, shapes, cells = load_hardware(), load_shapes(), []
+    catalog, cells = load_hardware(), []
     classes = _sizing_classes(results, catalog)
-    sizes = sorted((n for n in shapes if not n.startswith("tiny")), key=lambda n: shapes[n].param_count())
+    sizes = size_classes()
     measured = measured_cells(results)
     every = results if every is None else every
     # each class's rates once (the CPU's is a fit over the results), not once a cell
@@ -225,7 +225,7 @@ def sizing_cells(results: list[Result], every: list[Result] | None = None) -> pd
             elif not hardware.memory_gib:  # the generic `gpu` class: each device's own memory, in its files
                 text, fits = "(no prediction: the class's memory is each device's own)", False
             else:
-                text, fits, count = _predicted_text(size, gpu_class, hardware, rates[gpu_class])
+                text, fits, count = predicted_text(size, gpu_class, hardware, rates[gpu_class])
             named = text if text.startswith(f"{count} x {name}") else f"{name}: {text}"
             cells.append(
                 {
@@ -239,6 +239,12 @@ def sizing_cells(results: list[Result], every: list[Result] | None = None) -> pd
                 }
             )
     return pd.DataFrame(cells)
+
+
+def size_classes() -> list[str]:
+    """Every size class of profiles/shapes.toml but the smoke shapes, smallest first."""
+    shapes = load_shapes()
+    return sorted((n for n in shapes if not n.startswith("tiny")), key=lambda n: shapes[n].param_count())
 
 
 def sizing_notes() -> list[str]:

@@ -136,3 +136,49 @@ def _nice_top(value: float) -> float:
 
 def _ticks(top: float) -> list[float]:
     return [top * i / 4 for i in range(5)]
+
+
+@dataclass(frozen=True)
+class Scatter:
+    """One setup of a plan: its series (the card), wall time and cost, what its title says, whether it is on
+    the Pareto front (a filled mark; off it, hollow)."""
+
+    series: str
+    x: float
+    y: float
+    note: str
+    front: bool
+
+
+def scatter_chart(title: str, x_unit: str, y_unit: str, points: list[Scatter]) -> str:
+    """``y`` against ``x`` on a logarithmic x axis (wall time spans minutes to days), a colour per series; every
+    mark predicted (the title says so), its numbers on hover and in the table beside the chart."""
+    lows, highs = min(p.x for p in points), max(p.x for p in points)
+    left, right = math.floor(math.log10(lows)), math.ceil(math.log10(highs))
+    right += right == left
+    top = _nice_top(max(p.y for p in points))
+    names = list(dict.fromkeys(p.series for p in points))
+    height = TOP + PLOT_HEIGHT + 48 + 16 * -(-len(names) // 4)
+    span = WIDTH - LEFT - 24
+
+    def x_of(value: float) -> float:
+        return LEFT + span * (math.log10(value) - left) / (right - left)
+
+    parts = [_frame(title, y_unit, top, height)]
+    for decade in range(left, right + 1):
+        x = x_of(10.0**decade)
+        parts.append(f'<text x="{x:.1f}" y="{TOP + PLOT_HEIGHT + 16}" class="tick" text-anchor="middle">'
+                     f"{10.0**decade:g} {escape(x_unit)}</text>")  # fmt: skip
+    for index, name in enumerate(names):
+        colour = COLOURS[index % len(COLOURS)]
+        for p in (p for p in points if p.series == name):
+            fill = colour if p.front else "none"
+            tip = f"{p.note}\n{p.x:.3g} {x_unit}, {p.y:.3g} {y_unit} (predicted)"
+            parts.append(
+                f'<circle cx="{x_of(p.x):.1f}" cy="{_y(p.y, top):.1f}" r="4" fill="{fill}" stroke="{colour}">'
+                f"<title>{escape(tip)}</title></circle>"
+            )
+        x, y = LEFT + 170 * (index % 4), TOP + PLOT_HEIGHT + 40 + 16 * (index // 4)
+        parts.append(f'<rect x="{x}" y="{y - 9}" width="10" height="10" fill="{colour}"/>')
+        parts.append(f'<text x="{x + 16}" y="{y}" class="legend">{escape(name)}</text>')
+    return _svg(title, height, parts)
