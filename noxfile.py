@@ -225,9 +225,10 @@ def compare(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def site(session: nox.Session) -> None:
-    """The static site of the results under build/site (`-- --out DIR --screenshot FILE`)."""
+    """The static site of the results under build/site, and its front page drawn at a laptop's and a phone's
+    width under docs/ (`-- --out DIR --screenshot FILE` to choose)."""
     _install(session, "report")
-    session.run("python", "-m", "benchmarks", "site", *session.posargs)
+    session.run("python", "-m", "benchmarks", "site", *(session.posargs or ["--screenshot", "docs/site-front.png"]))
 
 
 @nox.session(default=False)

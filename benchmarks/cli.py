@@ -137,15 +137,14 @@ def run_compare(args: argparse.Namespace) -> int:
 def run_site(args: argparse.Namespace) -> int:
     try:
         written = site.build_site(args.results, args.out)
-        if args.screenshot:
-            site.screenshot(args.out / "index.html", args.screenshot)
+        shots = site.screenshot(args.out / "index.html", args.screenshot) if args.screenshot else []
     except (OSError, ValueError, subprocess.SubprocessError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"wrote {len(written)} pages under {shown(args.out)}; open {shown(args.out / 'index.html')}")
     print(f"or serve it: python -m http.server --directory {shown(args.out)}")
-    if args.screenshot:
-        print(f"wrote {shown(args.screenshot)}")
+    for shot in shots:
+        print(f"wrote {shown(shot)}")
     return 0
 
 
@@ -232,7 +231,11 @@ def command_line() -> argparse.ArgumentParser:
     web = commands.add_parser("site", help="build the static site of the results (claims, sizing, classes, series)")
     web.add_argument("--results", type=Path, default=RESULTS, help="result files (default: results/runs)")
     web.add_argument("--out", type=Path, default=REPO / "build" / "site", help="default: build/site")
-    web.add_argument("--screenshot", type=Path, help="also a PNG of the front page by headless Chromium")
+    web.add_argument(
+        "--screenshot",
+        type=Path,
+        help="also PNGs of the front page by headless Chromium: FILE (1366 px) and FILE-phone",
+    )
     commands.add_parser(
         "provenance", help=f"record this checkout's commit in {machine.PROVENANCE.name}, for a tree that travels"
     )

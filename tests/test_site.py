@@ -203,7 +203,8 @@ def test_the_side_by_side_page_compares_two_runs_and_the_series_keep_their_numbe
 def test_the_readme_shows_the_front_page_and_says_how_to_build_the_site():
     readme = (REPO / "README.md").read_text()
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme)
-    assert "docs/site-front.png" in images and (REPO / "docs" / "site-front.png").is_file()
+    for name in ("site-front.png", "site-front-phone.png"):  # a laptop's first screen and a phone's
+        assert f"docs/{name}" in images and (REPO / "docs" / name).is_file()
     assert "nox -s site" in readme and "http.server" in readme
 
 

@@ -29,6 +29,9 @@ main { padding: 8px 16px 32px; max-width: 1500px; overflow-wrap: anywhere; }
 h1 { font-size: 24px; margin: 10px 0 6px; }
 .scroll { overflow-x: auto; max-width: 100%; }
 .scroll table { overflow-wrap: normal; }
+.scroll.tall { max-height: 85vh; overflow: auto; }
+.tall thead th { position: sticky; top: 0; z-index: 1; }
+#sizing td { min-width: 9em; }
 pre { overflow-x: auto; }
 img, svg { max-width: 100%; height: auto; }
 footer { padding: 12px 24px; color: #666; font-size: 13px; border-top: 1px solid #ddd; }
@@ -41,6 +44,7 @@ th { background: #f2f2f2; }
 .published-fails { background: #f7e3e3; outline: 1px dashed #a66; }
 .predicted-only { background: #fff1c9; } .unmeasured { background: #e6e6e6; } .no-figure { background: #dceafc; }
 td.predicted { background: #fffbea; } td.measured { background: #eefbf0; }
+#side tr.far td { background: #fde7d4; font-weight: 600; }
 .chart { margin: 12px 0; max-width: 100%; height: auto; }
 .chart .title { font-weight: 600; font-size: 14px; } .chart .tick, .chart .legend, .chart .label { font-size: 11px; }
 .chart .grid { stroke: #e4e4e4; } .chart .noise { stroke-width: 2; opacity: 0.6; }
@@ -48,6 +52,8 @@ td.predicted { background: #fffbea; } td.measured { background: #eefbf0; }
 .lede { font-size: 17px; max-width: 900px; }
 .banner { background: #fff1c9; padding: 6px 10px; border-radius: 4px; max-width: 1100px; }
 .charts { display: flex; flex-wrap: wrap; gap: 4px 24px; }
+.charts figure { margin: 0; max-width: 100%; }
+.contents { columns: 2 320px; font-size: 13px; }
 #ledger td:first-child { min-width: 150px; } #ledger td:nth-child(3), #ledger td:nth-child(4) { width: 25%; }
 """
 
@@ -68,7 +74,10 @@ def build_site(results_dir: Path, out: Path) -> list[Path]:
     (out / SITE_MARK).write_text("built by `python -m benchmarks site`; rebuilt whole each time\n")
     (out / "style.css").write_text(STYLE)
     written = []
-    footer = f"Last verified {tables.last_verified(cited)}; made by <code>nox -s site</code> from results/runs."
+    footer = (
+        f"Results as of {tables.last_verified(cited)} (the newest result file cited); built by "
+        "<code>nox -s site</code> from results/runs and results/published."
+    )
     for relative, (title, body) in pages.items():
         path = out / relative
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +91,8 @@ def page(title: str, body: str, depth: int, footer: str, result_paths: list[str]
     """A whole page: navigation, the body (result file names in it linked to their pages), the footer."""
     up = "../" * depth
     nav = "".join(f'<a href="{up}{href}">{escape(label)}</a>' for href, label in site_pages.NAV)
-    body = re.sub(r"<table\b", '<div class="scroll"><table', body).replace("</table>", "</table></div>")
+    body = re.sub(r"<table\b(?![^>]*data-boxed).*?</table>", lambda m: f'<div class="scroll">{m.group(0)}</div>', body,
+                  flags=re.DOTALL)  # fmt: skip
     return (
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
@@ -114,17 +124,22 @@ def _siblings(source: Path) -> list[Path]:
     return sorted(source.parent.glob(source.stem + ".*"))
 
 
-def screenshot(index: Path, image: Path, browser: str = "chromium") -> None:
-    """The front page as headless Chromium draws it, 1280 pixels wide (the README's picture)."""
+SCREENS = {"": (1366, 800), "-phone": (390, 844)}  # a laptop's first screen and a phone's
+
+
+def screenshot(index: Path, image: Path, browser: str = "chromium") -> list[Path]:
+    """The front page's first screen as headless Chromium draws it on a laptop (``image``) and on a phone (beside
+    it, ``-phone``): the README's pictures. Returns both."""
     if shutil.which(browser) is None:
         raise ValueError(f"no {browser} on PATH for the screenshot (Debian: apt-get install chromium)")
     image.parent.mkdir(parents=True, exist_ok=True)
-    command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,1100"]
-    ran = subprocess.run(
-        [*command, f"--screenshot={image.resolve()}", index.resolve().as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if ran.returncode != 0 or not image.exists():
-        raise ValueError(f"{browser} made no screenshot of {index} (exit {ran.returncode}): {ran.stderr[-500:]}")
+    made = []
+    for suffix, (width, height) in SCREENS.items():
+        target = image.with_name(image.stem + suffix + image.suffix)
+        command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+        command += [f"--window-size={width},{height}", f"--screenshot={target.resolve()}", index.resolve().as_uri()]
+        ran = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        if ran.returncode != 0 or not target.exists():
+            raise ValueError(f"{browser} made no screenshot of {index} (exit {ran.returncode}): {ran.stderr[-500:]}")
+        made.append(target)
+    return made

@@ -40,7 +40,7 @@ def banner(results: list[Result]) -> str:
     said[0] += f" ({', '.join(measured)})" if measured else ": every GPU figure below is predicted"
     if times:
         median = statistics.median(times)
-        said.append(f"on published step times held out of every fit the time model predicts {readable(median)}x")
+        said.append(f"on published step times held out of every fit its time model gives {readable(median)}x theirs")
     if counts:
         matched = sum(s.predicted == s.entry.stated.value for s in counts)
         said.append(f"it matches {matched} of {len(counts)} published fewest-GPU counts")

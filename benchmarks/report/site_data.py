@@ -4,7 +4,7 @@ and each hardware class's figures by name, for the side-by-side page."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -33,7 +33,14 @@ def series(results: list[Result]) -> list[Chart]:
     notes = {r.path: _note(r) for r in results}
     charts = [*_grpo_charts(results, notes), *_decode_charts(results, notes)]
     charts += [*_reward_charts(results, notes), *_context_charts(results, notes), _run_chart(results, notes)]
-    return [chart for chart in charts if chart.points]
+    return [by_machine(chart) for chart in charts if len({p.x for p in chart.points}) > 1]
+
+
+def by_machine(chart: Chart) -> Chart:
+    """A line per machine too: runs of one class on different CPUs are not one series (the note's second line
+    names the machine)."""
+    points = [replace(p, series=f"{p.series}, {p.note.splitlines()[1].split(', commit')[0]}") for p in chart.points]
+    return replace(chart, points=points)
 
 
 def _note(result: Result) -> str:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from benchmarks.report import claims, site_answers, site_data, site_runs, svg, tables, time_tables
 from benchmarks.report.part_tables import context_table, decode_table, distributed_table, rewards_table
-from benchmarks.report.sizing import CLASS_NAMES, sizing_grid, sizing_notes
+from benchmarks.report.sizing import CLASS_NAMES, sizing_cells, sizing_grid, sizing_notes
 from benchmarks.report.time_validation import TimeCheck, validate_time
 from benchmarks.results.schema import Result
 
@@ -32,6 +32,7 @@ STATUS_CLASS = {claims.HOLDS: "holds", claims.FAILS: "fails", claims.PREDICTED: 
 STATUS_CLASS |= {claims.UNMEASURED: "unmeasured", claims.NO_FIGURE: "no-figure"}
 STATUS_CLASS |= {claims.PUBLISHED_HOLDS: "published-holds", claims.PUBLISHED_FAILS: "published-fails"}
 Pages = dict[str, tuple[str, str]]
+ANNOTATED = {"sizing.md": "sizing.html"}  # a table the site shows on a page of its own, with its links
 
 
 def pages(cited: list[Result], results: list[Result], figures: dict[str, list[str]]) -> Pages:
@@ -111,18 +112,22 @@ def _claim_row(claim: claims.Claim) -> str:
         f"{e.date})"
         for e in claim.evidence
     )
-    detail = f'<a href="tables/{claim.detail.removesuffix(".md")}.html">{claim.detail}</a>' if claim.detail else ""
+    annotated = ANNOTATED.get(claim.detail, f"tables/{claim.detail.removesuffix('.md')}.html")
+    detail = f'<a href="{annotated}">{claim.detail}</a>' if claim.detail else ""
     status = f'<span class="status {STATUS_CLASS[claim.status]}">{escape(claim.status)}</span>'
     cells = [escape(claim.title), status, escape(claim.measured), escape(claim.model), evidence or "none", detail]
     return f'<tr data-claim="{claim.key}" id="{claim.key}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
 
 def sizing_page(cited: list[Result], results: list[Result]) -> str:
-    """The sizing table, each class cell linked: a measured cell to its run, a predicted one to the model."""
-    table, files = sizing_grid(cited, results)
+    """The sizing table in a few words a cell, its header fixed while it scrolls: a measured cell opens its run, a
+    predicted one its explanation (the size class's plan, or the GPU class's predictions)."""
+    table, files = sizing_grid(cited, results, short=True)
+    classes = list(dict.fromkeys(sizing_cells(cited, results)["class"]))
     head = "".join(f"<th>{escape(c)}</th>" for c in table.columns)
     body = []
     for i in range(len(table)):
+        size = str(table.index[i])
         cells = [f"<td>{escape(str(text))}</td>" for text in table.iloc[i, :3]]
         for j in range(3, len(table.columns)):
             text, file = table.iat[i, j], files.iat[i, j]
@@ -130,27 +135,48 @@ def sizing_page(cited: list[Result], results: list[Result]) -> str:
                 link = f'<a href="{site_data.run_page(file)}">{escape(text)}</a>'
                 cells.append(f'<td class="measured" data-file="{escape(file)}">{link}</td>')
             else:
-                cells.append(f'<td class="predicted"><a href="tables/model.html">{escape(text)}</a></td>')
+                why = f"sizes/{size}.html" if size in site_answers.GUIDE_SIZES else f"hardware/{classes[j - 3]}.html"
+                cells.append(f'<td class="predicted"><a href="{why}">{escape(text)}</a> (predicted)</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     notes = "\n\n".join(sizing_notes())
     return (
-        "<p>Green cells were measured (the link opens the run); yellow cells are the model's prediction (the link "
-        "opens its validation).</p>\n"
-        f'<table id="sizing"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>\n{html_of(notes)}'
+        "<p>Each cell: the fewest GPUs of the class, the lightest levers that fit, the headroom and the seconds a "
+        "step. Green cells were measured (the link opens the run); yellow cells are predicted (the link opens the "
+        "plan of the size class or the predictions for the GPU class; <code>results/tables/sizing.md</code> has each "
+        "cell in full).</p>\n"
+        f'<div class="scroll tall"><table id="sizing" data-boxed><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>\n{html_of(notes)}"
     )
 
 
 def series_page(every: list[Result]) -> str:
     charts = site_data.series(every)
-    drawn = "\n".join(svg.series_chart(c.title, c.unit, c.points) for c in charts)
+    contents = "".join(f'<li><a href="#chart-{i}">{escape(c.title)}</a></li>' for i, c in enumerate(charts))
+    drawn = "\n".join(
+        f'<figure id="chart-{i}">{svg.series_chart(c.title, c.unit, c.points)}{_numbers(c)}</figure>'
+        for i, c in enumerate(charts)
+    )
     return (
-        "<p>Each chart is one metric over every complete run, oldest on the left, a line per hardware class and "
-        "shape: a step in a line is a regression or an improvement. The bar through a point is its noise where the "
-        "run recorded it (the fastest to the slowest measured step, the peak's spread between steps, the reward's "
-        "quartiles). Hover a point for its numbers, machine and commit; click it for the run. Every point is "
-        "measured; nothing here is predicted. Machines of one class differ in speed: each point's title names its "
-        f"machine and, where recorded, its calibration.</p>\n<p>{len(charts)} charts.</p>\n"
-        f'<div class="charts">\n{drawn}\n</div>'
+        "<p>Each chart is one metric over every complete run, oldest on the left, a line per hardware class, shape "
+        "and machine (runs on different CPUs are not one series): a step in a line is a regression or an "
+        "improvement. The bar through a point is its noise where the run recorded it (the fastest to the slowest "
+        "measured step, the peak's spread between steps, the reward's quartiles). Each chart's numbers, machine and "
+        "commit are in the list under it (and on hover); click a point for its run. Every point is measured; "
+        f"nothing here is predicted. Metrics with a single run are left out.</p>\n<p>{len(charts)} charts:</p>\n"
+        f'<ol class="contents">{contents}</ol>\n<div class="charts">\n{drawn}\n</div>'
+    )
+
+
+def _numbers(chart: site_data.Chart) -> str:
+    """A chart's points as a table under it: reachable without hover (a phone has none)."""
+    rows = "".join(
+        f"<tr><td>{escape(p.x[:16].replace('T', ' '))}</td><td>{escape(p.series)}</td>"
+        f'<td>{p.value:.4g} {escape(chart.unit)}</td><td><a href="{escape(p.href)}">run</a></td></tr>'
+        for p in sorted(chart.points, key=lambda p: (p.x, p.series))
+    )
+    return (
+        f"<details><summary>the numbers</summary><table><thead><tr><th>run started</th><th>series</th><th>value</th>"
+        f"<th></th></tr></thead><tbody>{rows}</tbody></table></details>"
     )
 
 
@@ -168,7 +194,8 @@ def compare_page(cited: list[Result], every: list[Result]) -> str:
     entries += [{"id": r.path, "label": r.path, "figures": site_data.figures_by_name([r])} for r in reversed(every)]
     data = json.dumps(entries, allow_nan=False).replace("</", "<\\/")
     return f"""<p>Pick two runs or hardware classes: every figure they share is shown side by side, with the right's
-over the left's. All figures are measured. Each run's own page has the rest.</p>
+over the left's, a ratio beyond 1.5x either way marked. All figures are measured. The address keeps the pair, to
+share. Each run's own page has the rest; the models' predictions per GPU class are on the GPU classes' pages.</p>
 <p><label>left <select id="left"></select></label> <label>right <select id="right"></select></label>
 <label><input type="checkbox" id="shared" checked> only figures both have</label> <span id="count"></span></p>
 <table id="side"><thead><tr><th>figure</th><th>left</th><th>right</th><th>right / left</th><th>unit</th></tr></thead>
@@ -185,24 +212,37 @@ for (const entry of entries) {
   left.add(new Option(entry.label, entry.id));
   right.add(new Option(entry.label, entry.id));
 }
-// the first entry after the left one that shares a figure with it
+const same = (a, b) => JSON.stringify(a.figures) === JSON.stringify(b.figures);
 const shares = (a, b) => Object.keys(a.figures).some((name) => name in b.figures);
-right.selectedIndex = Math.max(0, entries.findIndex((entry, i) => i > 0 && shares(entries[0], entry)));
+// the address keeps the pair (#left=...&right=...); else two different entries that share a figure
+const asked = new URLSearchParams(location.hash.slice(1));
+const at = (id) => entries.findIndex((entry) => entry.id === id);
+left.selectedIndex = Math.max(0, at(asked.get("left")));
+const other = entries.findIndex((e) => !same(e, entries[left.selectedIndex]) && shares(e, entries[left.selectedIndex]));
+right.selectedIndex = at(asked.get("right")) >= 0 ? at(asked.get("right")) : Math.max(0, other);
 const number = (value) => value === undefined ? "" : value.toPrecision(4);
+const natural = (a, b) => a.localeCompare(b, undefined, {numeric: true});
 function show() {
   const a = entries[left.selectedIndex].figures, b = entries[right.selectedIndex].figures;
-  const names = [...new Set([...Object.keys(a), ...Object.keys(b)])].sort();
+  const names = [...new Set([...Object.keys(a), ...Object.keys(b)])].sort(natural);
   const both = names.filter((name) => name in a && name in b);
   const body = document.querySelector("#side tbody");
   body.replaceChildren();
+  if (!both.length && shared.checked) {
+    body.insertRow().insertCell().textContent = "nothing in common: these two measured different things";
+  }
   for (const name of shared.checked ? both : names) {
     const row = body.insertRow();
     const [x, unit] = a[name] || [undefined, b[name][1]];
     const y = (b[name] || [undefined])[0];
-    const ratio = x && y !== undefined ? (y / x).toFixed(2) + "x" : "";
-    for (const text of [name, number(x), number(y), ratio, unit]) row.insertCell().textContent = text;
+    const ratio = x && y !== undefined ? y / x : undefined;
+    if (ratio !== undefined && (ratio > 1.5 || ratio < 1 / 1.5)) row.className = "far";
+    for (const text of [name, number(x), number(y), ratio === undefined ? "" : ratio.toFixed(2) + "x", unit]) {
+      row.insertCell().textContent = text;
+    }
   }
   document.getElementById("count").textContent = `${both.length} of ${names.length} figures in both`;
+  history.replaceState(null, "", `#left=${encodeURIComponent(left.value)}&right=${encodeURIComponent(right.value)}`);
 }
 for (const control of [left, right, shared]) control.addEventListener("change", show);
 show();

@@ -60,12 +60,21 @@ def run_body(result: Result, figures: list[str], timed: list[TimeCheck]) -> str:
     return "\n".join(parts)
 
 
+def _size(result: Result) -> str:
+    """The size class a run measured, with its parameters, where it names one."""
+    shape = result.shape
+    if not shape or shape not in load_shapes():
+        return "(none: not a model run)" if not shape else shape
+    return f"{shape} ({load_shapes()[shape].param_count() / 1e9:.3g}B parameters)"
+
+
 def _header(result: Result) -> str:
     machine, commit = frames.provenance(result)
     record = result.record
     found = pace.pace_of(record)
     rows = {
         "kind": result.kind,
+        "model size": _size(result),
         "hardware class": result.hardware,
         "machine": machine,
         "commit": commit,
@@ -99,7 +108,12 @@ def _configurations(result: Result) -> str:
         }
     )
     phases = frames.phases(result)
-    per_phase = "" if phases.empty else _html(phases.pivot(index="number", columns="phase", values="seconds").round(3))
+    per_phase = ""
+    if not phases.empty:  # a row per configuration, by the levers it changes, not by its number
+        names = dict(enumerate(found.change, 1))
+        pivot = phases.pivot(index="number", columns="phase", values="seconds").round(3)
+        pivot = pivot.rename(index=names).rename_axis(index="configuration", columns=None)
+        per_phase = pivot.reset_index().to_html(index=False, border=0, na_rep="")
     return _html(table) + "<h2>Seconds per phase, the last measured step</h2>" + per_phase
 
 

@@ -4,6 +4,7 @@ model), with the step's seconds (the time model)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -55,6 +56,7 @@ class Cell:
     fastest: plan.Setup | None
 
 
+@functools.cache  # the tables, the ledger and the site's pages each ask for the same cells
 def predicted_cell(shape_name: str, hardware: Hardware) -> Cell | None:
     """The fewest GPUs of ``hardware`` (``GPU_COUNTS``: 1, 2, 4, 8, then 8-GPU machines) and the first
     lever set of LADDER on them whose predicted peak per GPU fits, with that peak and levers; many GPUs run ZeRO-3
@@ -158,6 +160,20 @@ def predicted_text(size: str, gpu_class: str, hardware: Hardware, rates: Rates |
     return text + " (predicted)", True, cell.count
 
 
+def short_text(size: str, gpu_class: str, hardware: Hardware, rates: Rates | None) -> str:
+    """A predicted cell in a few words: GPUs, levers, headroom and seconds a step."""
+    cell = predicted_cell(size, hardware)
+    if cell is None:
+        return "does not fit"
+    spare = f"{1 - cell.peak / (hardware.memory_gib * GIB):.0%} spare"
+    step = ""
+    if rates is not None:
+        seconds = time_tables.cell_time(size, GUIDE_DTYPE, cell.levers, GUIDE_WORKLOAD, rates).step_s
+        step = f" · ~{time_tables.seconds_text(seconds)} s"
+    levers = cell.label.replace("checkpointing", "ckpt").replace("vLLM sleep", "sleep").replace(", ZeRO-3", "")
+    return f"{cell.count}× · {levers} · {spare}{step}"
+
+
 def sizing_table(results: list[Result], every: list[Result] | None = None) -> str:
     """The guide's "Memory Anchors by Size Class" (``sizing_grid``) with its notes. ``every``: all results (the
     time model's fitted run among them), default ``results``."""
@@ -165,12 +181,16 @@ def sizing_table(results: list[Result], every: list[Result] | None = None) -> st
     return "\n".join([frames.markdown(table), "", *sizing_notes()]) + "\n"
 
 
-def sizing_grid(results: list[Result], every: list[Result] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def sizing_grid(
+    results: list[Result], every: list[Result] | None = None, short: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The cells (size class x hardware class, each measured or predicted, with the step's seconds), pivoted,
     beside what the guide says and the smallest class that fits; and, cell for cell, the result file behind a
-    measured cell (None elsewhere)."""
+    measured cell (None elsewhere). ``short``: each cell in a few words (the site's)."""
     catalog, shapes = load_hardware(), load_shapes()
     frame = sizing_cells(results, every)
+    if short:
+        frame = frame.assign(text=frame["short"], named=frame["class"].map(CLASS_NAMES) + " " + frame["short"])
     classes, sizes = list(dict.fromkeys(frame["class"])), list(dict.fromkeys(frame["size"]))
     columns = {c: column_name(c, catalog) for c in classes}
     table = frame.pivot(index="size", columns="class", values="text").reindex(index=sizes, columns=classes)
@@ -222,16 +242,20 @@ def sizing_cells(results: list[Result], every: list[Result] | None = None) -> pd
             if (size, gpu_class) in measured:
                 text, file = measured[(size, gpu_class)]
                 fits = text.startswith("fits")
+                short = "measured: " + text.split(" (")[0]
             elif not hardware.memory_gib:  # the generic `gpu` class: each device's own memory, in its files
                 text, fits = "(no prediction: the class's memory is each device's own)", False
+                short = "no prediction"
             else:
                 text, fits, count = predicted_text(size, gpu_class, hardware, rates[gpu_class])
+                short = short_text(size, gpu_class, hardware, rates[gpu_class])
             named = text if text.startswith(f"{count} x {name}") else f"{name}: {text}"
             cells.append(
                 {
                     "size": size,
                     "class": gpu_class,
                     "text": text,
+                    "short": short,
                     "fits": fits,
                     "gpus": count,
                     "named": named,

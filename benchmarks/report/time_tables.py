@@ -178,6 +178,7 @@ def steps_table(results: list[Result]) -> str:
     rows = [
         {
             "file": row.file,
+            "size": row.shape,
             "levers": row.change,
             "s/step": f"{row.step_s:.2f}",
             "rollout": f"{row.rollout_share:.0%}",
