@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks import REPO
 from benchmarks.catalog.profiles import load_hardware
-from benchmarks.report import claims, site, sizing, svg, tables
+from benchmarks.report import claims, frames, site, site_data, site_pages, sizing, svg, tables
 from benchmarks.report.site_pages import link_result_files
 from benchmarks.report.svg import Point
 from benchmarks.results import schema
@@ -242,3 +242,29 @@ def test_the_site_replaces_an_earlier_site_but_never_a_folder_of_other_files(com
     (out / "stale.html").write_text("from an older build")
     site.build_site(committed_results, out)  # an earlier site is rebuilt whole
     assert not (out / "stale.html").exists() and (out / "index.html").is_file()
+
+
+def test_the_series_page_has_contents_no_single_run_chart_and_a_line_per_machine(committed_results, built):
+    out, _ = built
+    assert '<ol class="contents">' in (out / "series.html").read_text()
+    results = schema.load_results(committed_results)
+    charts = site_data.series(tables.headline(results, every_run=True))
+    machines = {frames.provenance(r)[0] for r in results}
+    assert charts and all(len({p.x for p in c.points}) > 1 for c in charts)
+    assert all(any(p.series.endswith(", " + m) for m in machines) for c in charts for p in c.points)
+
+
+def test_a_step_beyond_both_points_noise_is_flagged_with_the_commits_around_it():
+    def point(x, value, commit):
+        return Point(
+            "cpu 135m, AMD EPYC", x, value, value * 0.95, value * 1.05, "", f"f.json\nAMD EPYC, commit {commit}"
+        )
+
+    jump = site_data.Chart(
+        "GRPO step, baseline", "s/step", [point("2026-12-01", 10.0, "aaa"), point("2026-12-02", 30.0, "bbb")]
+    )
+    assert "10 to 30 s/step, beyond the noise of both (commits aaa then bbb)" in site_pages._steps(jump)
+    noise = site_data.Chart(
+        "GRPO step, baseline", "s/step", [point("2026-12-01", 10.0, "a"), point("2026-12-02", 10.2, "b")]
+    )
+    assert site_pages._steps(noise) == ""

@@ -54,6 +54,7 @@ td.predicted { background: #fffbea; } td.measured { background: #eefbf0; }
 .charts { display: flex; flex-wrap: wrap; gap: 4px 24px; }
 .charts figure { margin: 0; max-width: 100%; }
 .contents { columns: 2 320px; font-size: 13px; }
+.flags { color: #a33; font-size: 13px; margin: 2px 0; }
 #ledger td:first-child { min-width: 150px; } #ledger td:nth-child(3), #ledger td:nth-child(4) { width: 25%; }
 """
 

@@ -153,7 +153,7 @@ def series_page(every: list[Result]) -> str:
     charts = site_data.series(every)
     contents = "".join(f'<li><a href="#chart-{i}">{escape(c.title)}</a></li>' for i, c in enumerate(charts))
     drawn = "\n".join(
-        f'<figure id="chart-{i}">{svg.series_chart(c.title, c.unit, c.points)}{_numbers(c)}</figure>'
+        f'<figure id="chart-{i}">{svg.series_chart(c.title, c.unit, c.points)}{_steps(c)}{_numbers(c)}</figure>'
         for i, c in enumerate(charts)
     )
     return (
@@ -165,6 +165,23 @@ def series_page(every: list[Result]) -> str:
         f"nothing here is predicted. Metrics with a single run are left out.</p>\n<p>{len(charts)} charts:</p>\n"
         f'<ol class="contents">{contents}</ol>\n<div class="charts">\n{drawn}\n</div>'
     )
+
+
+def _steps(chart: site_data.Chart) -> str:
+    """Each step in a line beyond both points' recorded noise, with the commits around it: a regression or an
+    improvement to look at, not noise."""
+    flagged = []
+    for name in dict.fromkeys(p.series for p in chart.points):
+        line = sorted((p for p in chart.points if p.series == name), key=lambda p: p.x)
+        for before, after in zip(line, line[1:]):
+            known = None not in (before.low, before.high, after.low, after.high)
+            if known and not (before.low <= after.value <= before.high or after.low <= before.value <= after.high):
+                commits = [p.note.splitlines()[1].split("commit ")[-1] for p in (before, after)]
+                flagged.append(
+                    f"{escape(name)}: {before.value:.4g} to {after.value:.4g} {escape(chart.unit)}, beyond the noise "
+                    f"of both (commits {escape(commits[0])} then {escape(commits[1])})"
+                )
+    return f'<ul class="flags">{"".join(f"<li>{f}</li>" for f in flagged)}</ul>' if flagged else ""
 
 
 def _numbers(chart: site_data.Chart) -> str:

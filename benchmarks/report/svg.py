@@ -90,7 +90,7 @@ def _frame(title: str, unit: str, top: float, height: float) -> str:
     for tick in _ticks(top):
         y = _y(tick, top)
         lines.append(f'<line x1="{LEFT}" x2="{WIDTH - 8}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
-        lines.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{tick:g}</text>')
+        lines.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_tick(tick)}</text>')
     lines.append(f'<text x="8" y="{TOP + PLOT_HEIGHT / 2:.0f}" class="tick">{escape(unit)}</text>')
     return "\n".join(lines)
 
@@ -132,6 +132,11 @@ def _nice_top(value: float) -> float:
         return 1.0
     power = 10.0 ** math.floor(math.log10(value))
     return next(m * power for m in (1, 2, 5, 10) if m * power >= value * (1 - 1e-9))
+
+
+def _tick(value: float) -> str:
+    """A tick as a person reads it: thousands separated, never in scientific notation (1,000,000, not 1e+06)."""
+    return f"{value:,.0f}" if value >= 10 or value == int(value) else f"{value:.3g}"
 
 
 def _ticks(top: float) -> list[float]:
