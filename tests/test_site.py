@@ -268,3 +268,19 @@ def test_a_step_beyond_both_points_noise_is_flagged_with_the_commits_around_it()
         "GRPO step, baseline", "s/step", [point("2026-12-01", 10.0, "a"), point("2026-12-02", 10.2, "b")]
     )
     assert site_pages._steps(noise) == ""
+
+
+def test_side_by_side_keeps_its_pair_in_the_address_and_compares_predicted_classes(served, browser):
+    page = browser.new_page()
+    page.goto(served + "compare.html")
+    assert page.locator("#left").input_value() != page.locator("#right").input_value()  # never a run with itself
+    page.goto(served + "compare.html#left=predicted%3Ah100&right=predicted%3Ah200")
+    page.reload()
+    assert page.locator("#left").input_value() == "predicted:h100"
+    rows = page.locator("#side tbody tr")
+    assert rows.count() >= 3 and "(predicted)" in rows.first.inner_text()
+    page.select_option("#right", "predicted:b200")
+    assert "right=predicted%3Ab200" in page.url  # the pair travels with the address
+    page.select_option("#left", index=0)  # a measured CPU class beside a predicted one: nothing in common
+    assert "nothing in common" in page.locator("#side tbody").inner_text()
+    page.close()

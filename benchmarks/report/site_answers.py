@@ -167,3 +167,20 @@ def class_prediction(gpu_class: str, cited: list[Result], results: list[Result])
 <p>On published figures of this class: {escape("; ".join(errors))}.</p>
 <table class="class-sizes"><thead><tr><th>size class</th><th>the models (predicted unless a file is named)</th>
 </tr></thead><tbody>{"".join(rows)}</tbody></table>"""
+
+
+def predicted_figures(gpu_class: str, results: list[Result]) -> dict[str, list]:
+    """A GPU class's predicted figures for the side-by-side page, by name: per size class of the guide, the fewest
+    GPUs, the peak per GPU and the seconds a step of the lightest lever set that fits."""
+    _, hardware = sizing.hardware_for(gpu_class, load_hardware())
+    rates = time_tables.class_rates(hardware, results)
+    figures: dict[str, list] = {}
+    for size in GUIDE_SIZES:
+        cell = sizing.predicted_cell(size, hardware)
+        if cell is None or rates is None:
+            continue
+        step = time_tables.cell_time(size, guide.GUIDE_DTYPE, cell.levers, guide.GUIDE_WORKLOAD, rates)
+        figures[f"{size}: fewest GPUs (predicted)"] = [cell.count, "GPUs"]
+        figures[f"{size}: peak per GPU (predicted)"] = [cell.peak / GIB, "GiB"]
+        figures[f"{size}: step (predicted)"] = [step.step_s, "s"]
+    return figures

@@ -209,10 +209,19 @@ def compare_page(cited: list[Result], every: list[Result]) -> str:
         for h in _classes(cited)
     ]
     entries += [{"id": r.path, "label": r.path, "figures": site_data.figures_by_name([r])} for r in reversed(every)]
+    entries += [
+        {
+            "id": f"predicted:{c}",
+            "label": f"class {CLASS_NAMES.get(c, c)}, predicted by the models",
+            "figures": site_answers.predicted_figures(c, cited),
+        }
+        for c in site_answers.gpu_classes()
+    ]
     data = json.dumps(entries, allow_nan=False).replace("</", "<\\/")
     return f"""<p>Pick two runs or hardware classes: every figure they share is shown side by side, with the right's
-over the left's, a ratio beyond 1.5x either way marked. All figures are measured. The address keeps the pair, to
-share. Each run's own page has the rest; the models' predictions per GPU class are on the GPU classes' pages.</p>
+over the left's, a ratio beyond 1.5x either way marked. Runs and classes with results are measured; the entries
+"predicted by the models" (every GPU class of the catalogue) are predictions, labelled so. The address keeps
+the pair, to share. Each run's own page has the rest; each GPU class's page, what the models predict there.</p>
 <p><label>left <select id="left"></select></label> <label>right <select id="right"></select></label>
 <label><input type="checkbox" id="shared" checked> only figures both have</label> <span id="count"></span></p>
 <table id="side"><thead><tr><th>figure</th><th>left</th><th>right</th><th>right / left</th><th>unit</th></tr></thead>
