@@ -123,9 +123,14 @@ def run_tables(args: argparse.Namespace) -> int:
 
 def run_compare(args: argparse.Namespace) -> int:
     try:
-        sides = compare.resolve_sides(args.sides, args.results)
-        out = args.out or REPO / "results" / "compare" / "-vs-".join(s.label for s in sides)
-        written = compare.write_comparison(sides, out)
+        predicted = compare.predicted_classes(args.sides, args.results)
+        if predicted:
+            out = args.out or REPO / "results" / "compare" / ("-vs-".join(predicted) + "-predicted")
+            written = compare.write_predicted(predicted, args.results, out)
+        else:
+            sides = compare.resolve_sides(args.sides, args.results)
+            out = args.out or REPO / "results" / "compare" / "-vs-".join(s.label for s in sides)
+            written = compare.write_comparison(sides, out)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -136,3 +136,14 @@ def test_no_summary_of_a_committed_run_prints_more_than_four_significant_digits(
     tokens = [t.strip("(),;:x%") for line in out.splitlines() for t in line.split()]
     numbers = [t for t in tokens if NUMBER.match(t) and not t.isdigit()]  # a plain integer is a count or setting
     assert numbers and all(significant(t) <= 4 for t in numbers), [t for t in numbers if significant(t) > 4]
+
+
+def test_two_gpu_classes_without_runs_compare_on_the_models_predictions_labelled_so(tmp_path, capsys):
+    assert main(["compare", "h100", "h200", "--out", str(tmp_path / "c")]) == 0
+    text = (tmp_path / "c" / "compare.md").read_text()
+    assert "Predicted by the memory and time models: no result file of h100, h200 yet" in text
+    assert "H100-class (79.65 GiB), predicted" in text and "| 32b " in text
+    assert main(["compare", "nonesuch", "h100", "--out", str(tmp_path / "d")]) == 1
+    assert "nonesuch: neither a result file nor a hardware class" in capsys.readouterr().err
+    assert main(["compare", "cpu", "h100", "--out", str(tmp_path / "e")]) == 1  # a measured class beside one without
+    assert "h100: neither a result file nor" in capsys.readouterr().err

@@ -86,12 +86,11 @@ def _svg(title: str, height: float, parts: list[str]) -> str:
 
 
 def _frame(title: str, unit: str, top: float, height: float) -> str:
-    lines = [f'<text x="8" y="18" class="title">{escape(title)}</text>']
+    lines = [f'<text x="8" y="18" class="title">{escape(title)} ({escape(unit)})</text>']  # the unit clear of ticks
     for tick in _ticks(top):
         y = _y(tick, top)
         lines.append(f'<line x1="{LEFT}" x2="{WIDTH - 8}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
         lines.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_tick(tick)}</text>')
-    lines.append(f'<text x="8" y="{TOP + PLOT_HEIGHT / 2:.0f}" class="tick">{escape(unit)}</text>')
     return "\n".join(lines)
 
 
