@@ -214,10 +214,11 @@ def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: timing.R
         print(f"  {phase:24} {readable(seconds):>9} s")
     print(f"  {'step':24} {readable(step.step_s):>9} s; the rollout {step.rollout_share:.0%} of it")
     job = dataclasses.replace(guide.GUIDE_JOB, completion_tokens=setup.levers.max_completion_length)
-    print(print_cost(setup, job, args.price_per_gpu_hour, args.currency))
+    print(cost_line(setup, job, args.price_per_gpu_hour, args.currency))
 
 
-def print_cost(setup: plan.Setup, job: guide.Job, price: float | None, currency: str) -> str:
+def cost_line(setup: plan.Setup, job: guide.Job, price: float | None, currency: str) -> str:
+    """Throughput per GPU and the GPU-hours of ``job`` on every GPU the setup holds; the cost where priced."""
     hours = setup.gpu_hours(job)
     line = (
         f"{readable(setup.tokens_per_s / setup.gpus)} completion tokens/s per GPU; {readable(hours)} GPU-hours "

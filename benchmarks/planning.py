@@ -11,7 +11,7 @@ import time
 from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.catalog.targets import PLAN_S
-from benchmarks.estimating import DEFAULTS, lever_options, parse_levers, print_cost, shapes_and_classes, why_not_lines
+from benchmarks.estimating import DEFAULTS, cost_line, lever_options, parse_levers, shapes_and_classes, why_not_lines
 from benchmarks.model import estimate, guide, plan
 from benchmarks.report import sizing
 from benchmarks.report.time_validation import error_line
@@ -127,7 +127,7 @@ def print_rows(setups: list[plan.Setup], job: guide.Job, priced: dict[str, float
         print(f"  {len(shown)} of {len(setups)} rows shown (--all: every card and count that fits)")
     fastest = min(setups, key=lambda s: s.wall_s(job))
     print(f"the fastest: {fastest.gpus} x {fastest.card}, {fastest.words()}")
-    print(f"  {print_cost(fastest, job, priced.get(fastest.card), currency)}")
+    print(f"  {cost_line(fastest, job, priced.get(fastest.card), currency)}")
 
 
 def _ends(setups: list[plan.Setup], job: guide.Job) -> list[plan.Setup]:
