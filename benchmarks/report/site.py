@@ -52,7 +52,8 @@ td.predicted { background: #fffbea; } td.measured { background: #eefbf0; }
 .lede { font-size: 17px; max-width: 900px; }
 .banner { background: #fff1c9; padding: 6px 10px; border-radius: 4px; max-width: 1100px; }
 .charts { display: flex; flex-wrap: wrap; gap: 4px 24px; }
-.charts figure { margin: 0; max-width: 100%; }
+.charts figure, figure.chart-box { margin: 0; max-width: 100%; overflow-x: auto; }
+figure svg.chart { min-width: 600px; }  /* on a phone the chart scrolls in its box: its text stays legible */
 .contents { columns: 2 320px; font-size: 13px; }
 .flags { color: #a33; font-size: 13px; margin: 2px 0; }
 #ledger td:first-child { min-width: 150px; } #ledger td:nth-child(3), #ledger td:nth-child(4) { width: 25%; }

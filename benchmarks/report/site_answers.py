@@ -145,7 +145,7 @@ def _plan_body(size: str, setups: list[plan.Setup]) -> str:
 (<code>python -m benchmarks plan --shape {escape(size)}</code>), for {escape(JOB.line())}. * marks the Pareto
 front: no other row is both faster and fewer GPU-hours. Every row is predicted; how far the models were off on
 published figures: <a href="../tables/published.html">published figures</a>.</p>
-{chart}
+<figure class="chart-box">{chart}</figure>
 <table class="plan"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"""
 
 
