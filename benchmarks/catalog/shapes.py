@@ -3,6 +3,7 @@ the parameter count in closed form. ``benchmarks.run.model_dirs`` builds a model
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 ARCHITECTURES = ("qwen2", "llama", "qwen3_moe", "gpt_oss")
@@ -65,6 +66,7 @@ class Shape:
         router = h * self.num_experts + (self.num_experts if self.architecture == "gpt_oss" else 0)
         return router + (self.num_experts if experts is None else experts) * self.expert_params()
 
+    @functools.cache  # a shape is frozen: the models ask for its count thousands of times a plan
     def param_count(self, experts: int | None = None) -> int:
         """Parameters in closed form: embeddings, per-layer attention and MLP (every expert, or
         ``experts`` of them), two RMSNorms per layer, the final norm, the LM head if untied."""

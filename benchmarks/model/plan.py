@@ -133,15 +133,10 @@ def _with(ask: Ask, choice: dict) -> Levers:
     rollout = base.per_device_train_batch_size * base.gradient_accumulation_steps
     engine = choice.pop("engine")
     micro = choice.pop("per_device_train_batch_size")
-    levers = replace(base, **choice, per_device_train_batch_size=micro, gradient_accumulation_steps=rollout // micro)
-    if engine == "generate":
-        return levers
-    return replace(
-        levers,
-        use_vllm=True,
-        vllm_mode="server" if engine == "server" else "colocate",
-        vllm_enable_sleep_mode=engine == "sleep",
-    )
+    if engine != "generate":
+        choice |= dict(use_vllm=True, vllm_mode="server" if engine == "server" else "colocate",
+                       vllm_enable_sleep_mode=engine == "sleep")  # fmt: skip
+    return replace(base, **choice, per_device_train_batch_size=micro, gradient_accumulation_steps=rollout // micro)
 
 
 def placements(ask: Ask, levers: Levers, count: int, hardware: Hardware) -> Iterator[tuple[Levers, int]]:

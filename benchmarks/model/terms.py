@@ -4,6 +4,7 @@ base, a layer's activations, the logits path, a vLLM engine's needs)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from benchmarks.catalog.profiles import Levers
@@ -208,6 +209,7 @@ def trainable_element_bytes(levers: Levers, dtype: str) -> int:
     return 4 if levers.peft else DTYPE_BYTES[dtype]
 
 
+@functools.cache  # a pure function of a frozen shape, asked for thousands of times a plan
 def lora_params(shape: Shape, rank: int) -> int:
     """Adapter parameters of LoRA on every linear of every layer: r x (in + out) each. A MoE's experts
     are 3-D tensors in transformers 5, not linears: "all-linear" adapts its attention only."""
