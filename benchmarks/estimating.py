@@ -255,17 +255,11 @@ DEFAULTS = (
 
 
 def add_options(commands: argparse._SubParsersAction) -> None:
-    epilog = f"{DEFAULTS}\n\n{shapes_and_classes()}\n\n{ESTIMATE_EXAMPLES}"
-    guess = commands.add_parser(
-        "estimate",
-        help="the models' memory per term, verdict, time and cost for one setup",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    guess = model_command(
+        commands, "estimate", "the models' memory per term, verdict, time and cost for one setup", ESTIMATE_EXAMPLES
     )
-    guess.add_argument("--shape", required=True, help="a shape of profiles/shapes.toml (below)")
     guess.add_argument("--hardware", required=True, help="a hardware class of profiles/hardware.toml (below)")
     guess.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 or float16 (default bfloat16)")
-    lever_options(guess)
     guess.add_argument(
         "--prompt-tokens", type=int, default=GUIDE_PROMPT_TOKENS, help="prompt length (completions: the levers')"
     )
@@ -280,7 +274,16 @@ def add_options(commands: argparse._SubParsersAction) -> None:
     guess.add_argument("--currency", default="USD", help="the price's currency (default USD)")
 
 
-def lever_options(command: argparse.ArgumentParser) -> None:
+def model_command(commands: argparse._SubParsersAction, name: str, help: str, examples: str) -> argparse.ArgumentParser:
+    """A command that asks the two models (estimate, plan): its help with the shared defaults, the shapes and
+    classes and ``examples``; its shape and levers."""
+    command = commands.add_parser(
+        name,
+        help=help,
+        epilog=f"{DEFAULTS}\n\n{shapes_and_classes()}\n\n{examples}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    command.add_argument("--shape", required=True, help="a shape of profiles/shapes.toml (below)")
     command.add_argument(
         "--levers",
         action="append",
@@ -289,3 +292,4 @@ def lever_options(command: argparse.ArgumentParser) -> None:
         help="GRPOConfig fields and model/lora_r (TOML values; True and False too); may repeat, a lever given "
         "twice with two values is refused",
     )
+    return command

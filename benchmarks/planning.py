@@ -11,7 +11,7 @@ import time
 from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.catalog.targets import PLAN_S
-from benchmarks.estimating import DEFAULTS, cost_line, lever_options, parse_levers, shapes_and_classes, why_not_lines
+from benchmarks.estimating import cost_line, model_command, parse_levers, why_not_lines
 from benchmarks.model import estimate, guide, plan
 from benchmarks.report import sizing
 from benchmarks.report.time_validation import error_line
@@ -85,22 +85,12 @@ def run_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     unfit = [card for card in cards if not any(s.card == card for s in setups)]
     for card in unfit:
         hardware = cards[card]
-        why = plan.why_not(dataclasses.replace(ask, base=lightest(ask)), hardware, card, estimate.GPU_COUNTS[-1])
+        why = plan.why_not(dataclasses.replace(ask, base=plan.lightest(ask)), hardware, card, estimate.GPU_COUNTS[-1])
         print(f"\n{hardware.name}: nothing fits up to {estimate.GPU_COUNTS[-1]} GPUs with the lightest levers free")
         print("\n".join(why_not_lines(why, hardware.name, estimate.GPU_COUNTS[-1])))
     claim = f"a plan of one shape over {len(cards)} cards and every count in under {PLAN_S:g} s"
     print(Target.at_most(claim, searched_s, PLAN_S).line() + " (seconds, this machine)")
     return 0 if setups else 1
-
-
-def lightest(ask: plan.Ask) -> profiles.Levers:
-    """The lightest levers the plan weighs, where the user left them free."""
-    rollout = ask.base.per_device_train_batch_size * ask.base.gradient_accumulation_steps
-    light = dict(model="qlora", optim="adamw_8bit", gradient_checkpointing=True, vllm_enable_sleep_mode=True)
-    light |= dict(per_device_train_batch_size=1, gradient_accumulation_steps=rollout)
-    if not ask.base.use_vllm or ask.base.vllm_mode == "server":
-        light.pop("vllm_enable_sleep_mode")
-    return dataclasses.replace(ask.base, **{k: v for k, v in light.items() if k not in ask.fixed})
 
 
 COLUMNS = ("", "GPUs", "card", "levers", "peak/GPU", "spare", "s/step", "tok/s/GPU", "wall", "GPU-h", "cost")
@@ -121,8 +111,8 @@ def print_rows(setups: list[plan.Setup], job: guide.Job, priced: dict[str, float
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     against = "cost, among the priced cards" if priced else "GPU-hours (no --price given)"
     print(f"\n* the Pareto front: no other row is both faster and cheaper in {against}; every row predicted")
-    for line in dict.fromkeys(error_line(s.hardware.gpu_class) for s in setups):
-        print(f"  time {line}")
+    for gpu_class in dict.fromkeys(s.hardware.gpu_class for s in setups):
+        print(f"  {gpu_class}: {error_line(gpu_class)}")
     if not every:
         print(f"  {len(shown)} of {len(setups)} rows shown (--all: every card and count that fits)")
     fastest = min(setups, key=lambda s: s.wall_s(job))
@@ -181,16 +171,10 @@ PLAN_EXAMPLES = """examples:
 
 
 def add_options(commands: argparse._SubParsersAction) -> None:
-    epilog = f"{DEFAULTS}\n\n{shapes_and_classes()}\n\n{PLAN_EXAMPLES}"
-    ask = commands.add_parser(
-        "plan",
-        help="what to rent, how many, with which levers, how long, at what cost",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ask = model_command(
+        commands, "plan", "what to rent, how many, with which levers, how long, at what cost", PLAN_EXAMPLES
     )
-    ask.add_argument("--shape", required=True, help="a shape of profiles/shapes.toml (below)")
     ask.add_argument("--method", choices=("full", "lora", "qlora"), help="hold the method (default: the fastest)")
-    lever_options(ask)
     ask.add_argument("--steps", type=int, default=guide.GUIDE_JOB.steps, help="optimizer steps (default 1000)")
     ask.add_argument(
         "--global-batch",

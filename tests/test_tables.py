@@ -310,37 +310,12 @@ def test_estimate_never_fits_an_engine_that_cannot_hold_its_weights(capsys):
     # 14B with LoRA and checkpointing fits an 80 GB card by its training peak, but TRL's default share, given
     # (0.3 x 79.65 GiB = 23.9 GiB), cannot hold the bf16 engine's 27.5 GiB of weights
     levers = "model=lora,gradient_checkpointing=true,use_vllm=true"
-    assert (
-        main(
-            [
-                "estimate",
-                "--shape",
-                "14b",
-                "--hardware",
-                "h100",
-                "--levers",
-                f"{levers},vllm_gpu_memory_utilization=0.3",
-            ]
-        )
-        == 1
-    )
+    asked = ["estimate", "--shape", "14b", "--hardware", "h100", "--levers", levers, "--levers"]
+    assert main([*asked, "vllm_gpu_memory_utilization=0.3"]) == 1
     out = capsys.readouterr().out
     assert "does NOT fit (predicted): engine cannot start" in out and "bfloat16 weights (27.5 GiB)" in out
     assert "vllm_gpu_memory_utilization >= 0.38 would start it" in out
-    assert (
-        main(
-            [
-                "estimate",
-                "--shape",
-                "14b",
-                "--hardware",
-                "h100",
-                "--levers",
-                f"{levers},vllm_gpu_memory_utilization=0.4",
-            ]
-        )
-        == 0
-    )
+    assert main([*asked, "vllm_gpu_memory_utilization=0.4"]) == 0
     assert "engine cannot start" not in capsys.readouterr().out
 
 

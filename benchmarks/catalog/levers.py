@@ -181,6 +181,15 @@ GUIDE_LEVERS = Levers(num_generations=8, per_device_train_batch_size=8, max_comp
 GUIDE_PROMPT_TOKENS = 256
 
 
+def differences(levers: Levers, base: Levers) -> list[tuple[str, Any]]:
+    """(name, value) of every lever of ``levers`` that differs from ``base``, in declaration order."""
+    return [
+        (f.name, getattr(levers, f.name))
+        for f in dataclasses.fields(Levers)
+        if getattr(levers, f.name) != getattr(base, f.name)
+    ]
+
+
 def levers_of_kind(kind: str) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(Levers) if f.metadata["kind"] == kind)
 

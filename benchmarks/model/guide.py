@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from benchmarks.catalog.levers import GUIDE_LEVERS, GUIDE_PROMPT_TOKENS, Levers
+from benchmarks.catalog.levers import GUIDE_LEVERS, GUIDE_PROMPT_TOKENS, Levers, differences
 from benchmarks.catalog.profiles import Hardware
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.estimate import Workload, engine_sized_to_rollout
@@ -88,12 +88,7 @@ GUIDE_JOB = Job()  # GPU-hours "per 1,000 steps" everywhere: of this work
 
 def differing(levers: Levers, base: Levers) -> str:
     """The levers that differ from ``base``, as ``k=v`` (TOML's spelling), or "the defaults"."""
-    changed = [
-        f"{f.name}={spelled(getattr(levers, f.name))}"
-        for f in fields(Levers)
-        if getattr(levers, f.name) != getattr(base, f.name)
-    ]
-    return ", ".join(changed) or "the defaults"
+    return ", ".join(f"{name}={spelled(value)}" for name, value in differences(levers, base)) or "the defaults"
 
 
 def spelled(value: object) -> str:

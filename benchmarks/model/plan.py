@@ -131,12 +131,22 @@ def _with(ask: Ask, choice: dict) -> Levers:
     """The base with one choice of every axis applied; the rollout a rank generates stays the base's."""
     base = ask.base
     rollout = base.per_device_train_batch_size * base.gradient_accumulation_steps
-    engine = choice.pop("engine")
-    micro = choice.pop("per_device_train_batch_size")
-    if engine != "generate":
-        choice |= dict(use_vllm=True, vllm_mode="server" if engine == "server" else "colocate",
-                       vllm_enable_sleep_mode=engine == "sleep")  # fmt: skip
-    return replace(base, **choice, per_device_train_batch_size=micro, gradient_accumulation_steps=rollout // micro)
+    levers = {k: v for k, v in choice.items() if k not in ("engine", "per_device_train_batch_size")}
+    if choice["engine"] != "generate":
+        levers |= dict(use_vllm=True, vllm_mode="server" if choice["engine"] == "server" else "colocate",
+                       vllm_enable_sleep_mode=choice["engine"] == "sleep")  # fmt: skip
+    micro = choice["per_device_train_batch_size"]
+    return replace(base, **levers, per_device_train_batch_size=micro, gradient_accumulation_steps=rollout // micro)
+
+
+def lightest(ask: Ask) -> Levers:
+    """The lightest levers the plan weighs where the user left them free (a colocated engine asleep rather than a
+    server, whose GPUs are a different count): what a why-not starts from when nothing fits."""
+    axes = _axes(ask, GPU_COUNTS[-1])
+    choice = {name: values[-1] for name, values in axes.items()}
+    if "sleep" in axes["engine"]:
+        choice["engine"] = "sleep"
+    return _with(ask, choice)
 
 
 def placements(ask: Ask, levers: Levers, count: int, hardware: Hardware) -> Iterator[tuple[Levers, int]]:
@@ -166,9 +176,6 @@ def fastest(ask: Ask, hardware: Hardware, card: str, count: int) -> Setup | None
     the lightest choice of every lever does not fit."""
     axes = _axes(ask, count)
     micro_batches = axes.pop("per_device_train_batch_size")
-    lightest = {name: values[-1] for name, values in axes.items()}
-    if not any(_fitting(ask, lightest | {"engine": e}, micro_batches[-1:], count, hardware) for e in axes["engine"]):
-        return None
     rates, best, failed = assumed_rates(hardware), None, []
     for values in itertools.product(*(reversed(v) for v in axes.values())):  # the lightest first
         choice = dict(zip(axes, values, strict=True))

@@ -4,10 +4,11 @@ pandas itself."""
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 import pandas as pd
 
+from benchmarks.catalog.levers import differences
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
 from benchmarks.model.estimate import rank_model_states
 from benchmarks.report.validation import PHASE_ORDER, Check
@@ -67,12 +68,7 @@ def held_gpus(configuration: Configuration) -> str:
 
 def lever_change(levers: Levers, base: Levers) -> str:
     """The levers that differ from ``base``, as ``name=value``; "baseline" where none does."""
-    changed = [
-        f"{f.name}={getattr(levers, f.name)}"
-        for f in fields(Levers)
-        if getattr(levers, f.name) != getattr(base, f.name)
-    ]
-    return ", ".join(changed) or "baseline"
+    return ", ".join(f"{name}={value}" for name, value in differences(levers, base)) or "baseline"
 
 
 def rollout_share(summary: Summary) -> float | None:

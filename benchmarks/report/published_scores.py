@@ -4,6 +4,7 @@ and, where a group misses its target, which term is off and by how much (``publi
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import Counter
@@ -62,7 +63,14 @@ def score(entry: published.Entry) -> Score:
 
 
 def scores(entries: list[published.Entry] | None = None) -> list[Score]:
-    return [score(e) for e in (published.entries() if entries is None else entries)]
+    """Every entry scored (default: the committed ones, scored once a process: the tables, the site's pages and
+    each estimate's error line all ask)."""
+    return committed_scores() if entries is None else [score(e) for e in entries]
+
+
+@functools.cache
+def committed_scores() -> list[Score]:
+    return [score(e) for e in published.entries()]
 
 
 def worst(ratios: list[float]) -> float:
