@@ -167,20 +167,21 @@ def print_memory(est: estimate.Estimate) -> None:
 
 def why_not_lines(why: plan.WhyNot, name: str, count: int) -> list[str]:
     """The binding term, whether it shrinks with GPUs, and the smallest change that fits, in words."""
-    gib, most = estimate.GIB, estimate.GPU_COUNTS[-1]
-    if why.engine:
-        lines = [f"why not, on {count} GPU(s): {why.engine}"]
+    gib, most, bound = estimate.GIB, estimate.GPU_COUNTS[-1], why.bound
+    if bound.engine:
+        lines = [f"why not, on {count} GPU(s): {bound.engine}"]
     else:
         lines = [
-            f"why not, on {count} GPU(s): peak {readable(why.peak / gib)} GiB against {readable(why.capacity / gib)} "
-            f"GiB per {name}; the binding term is {why.term}, {readable(why.term_bytes / gib)} GiB per GPU"
+            f"why not, on {count} GPU(s): peak {readable(bound.peak / gib)} GiB against "
+            f"{readable(why.capacity / gib)} GiB per {name}; the binding term is {bound.term}, "
+            f"{readable(bound.term_bytes / gib)} GiB per GPU"
         ]
     if why.shrinks:
         lines.append(
-            f"  {why.term} shrinks with more GPUs: {readable(why.most_gpus_bytes / gib)} GiB per GPU on {most}"
+            f"  {bound.term} shrinks with more GPUs: {readable(bound.most_gpus_bytes / gib)} GiB per GPU on {most}"
         )
     else:
-        lines.append(f"  {why.term} does not shrink with more GPUs: each rank holds its own, on 1 GPU or {most}")
+        lines.append(f"  {bound.term} does not shrink with more GPUs: each rank holds its own, on 1 GPU or {most}")
     if why.setup is None:
         lines.append("  no change of up to three levers fits any count up to 64 either")
     else:

@@ -47,6 +47,7 @@ def test_every_stated_figure_is_in_the_quote_it_is_copied_from():
         (lambda t: t.replace("max_completion_length = ", "max_completion_lenght = ", 1), "max_completion_lenght"),
         (lambda t: t.replace('figure = "minimum_gpus"', 'figure = "minimum"', 1), "figure: 'minimum' is not a key"),
         (lambda t: t.replace('locator = "', 'locator_ = "', 1), "missing key locator"),
+        (lambda t: t.replace('kind = "min_gpus"', 'kind = "relative"', 1), "mapping: a relative figure is not scored"),
     ],
 )
 def test_a_bad_entry_is_an_error_naming_the_file_the_entry_and_the_key(tmp_path, change, message):

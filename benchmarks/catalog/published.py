@@ -27,6 +27,7 @@ KINDS = {
     "context": ("tokens", "K tokens"),  # the longest context a setup trains at
     "relative": ("%", "x", "GB"),  # a saving or a ratio against another setup (sleep mode's, a loss's)
 }
+SCORED = ("memory", "min_gpus", "time", "throughput")  # the kinds the models predict: only these are mapped
 UNIT_BYTES = {"GB": 1e9, "GiB": 2**30}
 
 
@@ -163,6 +164,8 @@ def _check(entry: Entry, where: str) -> None:
         raise ProfileError(f"{where}: role: {entry.role!r} is not one of {', '.join(ROLES)}")
     if entry.kind not in KINDS:
         raise ProfileError(f"{where}: kind: {entry.kind!r} is not one of {', '.join(KINDS)}")
+    if entry.mapping is not None and entry.kind not in SCORED:
+        raise ProfileError(f"{where}: mapping: a {entry.kind} figure is not scored; say why under unmapped")
     if entry.figure not in entry.figures:
         raise ProfileError(f"{where}: figure: {entry.figure!r} is not a key of figures ({', '.join(entry.figures)})")
     if entry.stated.unit not in KINDS[entry.kind]:

@@ -252,16 +252,12 @@ def pareto(setups: list[Setup], job: guide.Job, prices: dict[str, float]) -> lis
 
 @dataclass(frozen=True)
 class WhyNot:
-    """Why a setup does not fit: its binding term per GPU, whether that shrinks with GPUs, and the fewest lever
-    changes that fit, with the setup that results."""
+    """Why a setup does not fit: its binding term per GPU (``Binding``), whether that shrinks with GPUs, and the
+    fewest lever changes that fit, with the setup that results."""
 
-    term: str
-    term_bytes: float
-    peak: float
+    bound: Binding
     capacity: float
     shrinks: bool
-    most_gpus_bytes: float  # the term on 64 GPUs
-    engine: str | None
     change: dict  # empty: more GPUs alone
     setup: Setup | None
 
@@ -294,39 +290,47 @@ def _changed(levers: Levers, change: dict) -> Levers | None:
     return None if changed == levers else changed
 
 
+@dataclass(frozen=True)
+class Binding:
+    """What binds ``count`` GPUs of a card: the estimate's peak, its largest term in the peak phase, that term on
+    64 GPUs, and why an engine cannot start where it cannot."""
+
+    term: str
+    term_bytes: float
+    peak: float
+    most_gpus_bytes: float
+    engine: str | None
+
+
+def binding(ask: Ask, hardware: Hardware, count: int) -> Binding:
+    """The binding term of ``ask.base`` on ``count`` GPUs of ``hardware``, and the same term on 64."""
+    there = ask.predict(ask.on(ask.base, count, hardware), hardware)
+    at_most = ask.predict(ask.on(ask.base, GPU_COUNTS[-1], hardware), hardware)
+    term, term_bytes = max(there.phases[there.peak_phase].items(), key=lambda item: item[1])
+    most = at_most.phases.get(there.peak_phase, {}).get(term, term_bytes)
+    return Binding(term, term_bytes, there.peak, most, there.engine_cannot_start)
+
+
 def why_not(ask: Ask, hardware: Hardware, card: str, count: int = 1) -> WhyNot:
-    """Why ``ask.base`` does not fit ``count`` GPUs of ``hardware``: its binding term there, whether that term
-    shrinks by 64 GPUs, and the fewest changes (more GPUs alone, then up to three of ``CHANGES``) that fit."""
-    levers = ask.base
-    there = ask.predict(ask.on(levers, count, hardware), hardware)
-    at_most = ask.predict(ask.on(levers, GPU_COUNTS[-1], hardware), hardware)
-    phase = there.peak_phase
-    term, term_bytes = max(there.phases[phase].items(), key=lambda item: item[1])
-    most = at_most.phases.get(phase, {}).get(term, term_bytes)
+    """Why ``ask.base`` does not fit ``count`` GPUs of ``hardware``: its binding term there (``binding``), whether
+    that term shrinks by 64 GPUs, and the fewest changes (more GPUs alone, then up to three of ``CHANGES``) that
+    fit."""
+    bound = binding(ask, hardware, count)
     found_change, found = {}, smallest(ask, hardware, card)
     for size in (1, 2, 3):
         if found is not None:
             break
         for combo in itertools.combinations(CHANGES, size):
             merged = {k: v for c in combo for k, v in c.items()}
-            changed = _changed(levers, merged) if len(merged) == size else None  # not two values of one lever
+            changed = _changed(ask.base, merged) if len(merged) == size else None  # not two values of one lever
             if changed is None:
                 continue
             setup = smallest(replace(ask, base=changed, fixed=ask.fixed | set(merged)), hardware, card)
             if setup is not None and (found is None or setup.gpus < found.gpus):
                 found_change, found = merged, setup
+    shrinks = bound.most_gpus_bytes < bound.term_bytes * 0.99
     capacity = hardware.memory_gib * GIB
-    return WhyNot(
-        term,
-        term_bytes,
-        there.peak,
-        capacity,
-        most < term_bytes * 0.99,
-        most,
-        there.engine_cannot_start,
-        found_change,
-        found,
-    )
+    return WhyNot(bound, capacity, shrinks, found_change, found)
 
 
 def smallest(ask: Ask, hardware: Hardware, card: str) -> Setup | None:

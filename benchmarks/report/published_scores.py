@@ -109,10 +109,10 @@ def binding_term(entry: published.Entry) -> str:
     largest term of the peak phase."""
     mapping = entry.mapping
     hardware = load_hardware()[mapping.card]
-    why = plan.why_not(ask_of(mapping), hardware, mapping.card, int(entry.stated.value))
-    if why.engine:
+    bound = plan.binding(ask_of(mapping), hardware, int(entry.stated.value))
+    if bound.engine:
         return "the vLLM engine's start (weights, one sequence's KV, 2 GiB of assumed overheads)"
-    return why.term
+    return bound.term
 
 
 def off_by(found: list[Score]) -> list[str]:
