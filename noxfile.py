@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nox
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the catalogs: standard library only, read before installing
+from benchmarks.catalog import interpreter  # noqa: E402  (free of tomllib: it runs on any Python 3)
+
+if interpreter.too_old(sys.version_info):
+    sys.exit(interpreter.too_old(sys.version_info))  # one line, before anything below needs 3.11
+
 from benchmarks.catalog import images, machines  # noqa: E402
 
 nox.options.default_venv_backend = "venv"
@@ -27,18 +35,13 @@ def _install(
     session: nox.Session,
     extras: str,
     *,
-    torch: bool = False,
+    torch: machines.Stack | None = None,
     also: tuple[str, ...] = (),
-    stack: machines.Stack | None = None,
 ) -> None:
-    """Install the project with its extras (and ``also``, a stack's own pins); torch first, pinned, when the stack
-    pulls it (a CUDA ``stack``'s torch and engine, else pyproject's ``torch`` group); DeepSpeed before the rest
-    where the ``distributed`` extra is asked for."""
-    pins: tuple[str, ...] = ()
-    if stack is not None:
-        also = (*also, stack.engine)
-    if torch:
-        pins = _torch_first(session, (stack.torch,) if stack else nox.project.dependency_groups(PYPROJECT, "torch"))
+    """Install the project with its extras (and ``also``: a stack's engine, a contender's pins); first, where
+    ``torch`` names a stack, its torch, pinned; DeepSpeed before the rest where the ``distributed`` extra is asked
+    for."""
+    pins = _torch_first(session, torch) if torch else ()
     if "distributed" in extras.split(","):
         _install_deepspeed(session, pins)
     session.install("-e", f".[{extras}]", *also, *pins)
@@ -47,14 +50,28 @@ def _install(
         session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *BREAKS_TRANSFORMERS, silent=True)
 
 
-def _torch_first(session: nox.Session, torch_pins: tuple[str, ...]) -> tuple[str, ...]:
-    """torch installed before anything that depends on it, so that pip keeps this build (the CPU one on a CPU
-    machine) instead of resolving a CUDA download; then held by a constraint, since a stack that pins torch
-    itself (unsloth) would otherwise replace it: the ``-c FILE`` arguments that hold it."""
-    session.install(*torch_pins)
+def _torch_first(session: nox.Session, stack: machines.Stack) -> tuple[str, ...]:
+    """The stack's torch installed before anything that depends on it, so that pip keeps this build (the CPU one
+    for the CPU stack) instead of resolving another; from the stack's own index (PyTorch's CPU wheel index) where
+    pip cannot find the build already; then held by a constraint, since a stack that pins torch itself (unsloth)
+    would otherwise replace it: the ``-c FILE`` arguments that hold it."""
+    index = (
+        () if stack.torch_index is None or _at_hand(session, stack.torch) else ("--extra-index-url", stack.torch_index)
+    )
+    session.install(stack.torch, *index)
     constraints = Path(session.create_tmp()) / "torch-constraints.txt"
-    constraints.write_text("\n".join(torch_pins) + "\n")
+    constraints.write_text(stack.torch + "\n")
     return ("-c", str(constraints))
+
+
+def _at_hand(session: nox.Session, requirement: str) -> bool:
+    """Whether pip finds ``requirement`` as it is configured (installed already, a local wheel directory, a
+    configured index or mirror), nothing installed: a dry run without its dependencies."""
+    python = Path(session.bin) / "python"
+    dry_run = [str(python), "-m", "pip", "install", "--dry-run", "--no-deps", "--quiet", requirement]
+    found = subprocess.run(dry_run, capture_output=True, text=True).returncode == 0
+    session.log(f"{requirement}: " + ("at hand" if found else "not at hand here: from the stack's index"))
+    return found
 
 
 def _install_deepspeed(session: nox.Session, pins: tuple[str, ...]) -> None:
@@ -103,7 +120,7 @@ def _system_packages(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit, sandbox, adversarial and browser tests (CPU only)."""
-    _install(session, "test,grpo,distributed", torch=True)
+    _install(session, "test,grpo,distributed", torch=machines.cpu_stack())
     _system_packages(session)
     session.run("python", "-m", "pytest", *(session.posargs or ["-q"]))
 
@@ -116,8 +133,20 @@ def bench(session: nox.Session) -> None:
         session.error(plan)
     for line in plan.lines():
         session.log(line)
-    _install(session, plan.extras, torch=True, stack=plan.stack)
-    session.run("python", "-m", "benchmarks", "bench", *session.posargs)
+    fresh = not _has_torch(session)
+    if fresh:
+        session.log(machines.recorded_install(plan.stack))
+    started = time.monotonic()
+    _install(session, plan.extras, torch=plan.stack, also=(plan.stack.engine,))
+    install = {"stack": plan.stack.name, "seconds": round(time.monotonic() - started, 1), "fresh": fresh}
+    env = {**plan.env, machines.INSTALL: json.dumps(install)}
+    session.run("python", "-m", "benchmarks", "bench", *session.posargs, env=env)
+
+
+def _has_torch(session: nox.Session) -> bool:
+    """Whether the session's environment holds torch already (a reused one) or is new (a first install)."""
+    check = [str(Path(session.bin) / "python"), "-c", "import importlib.util as u; exit(u.find_spec('torch') is None)"]
+    return subprocess.run(check, capture_output=True).returncode == 0
 
 
 @nox.session(default=False)
@@ -145,7 +174,7 @@ def rehearse(session: nox.Session) -> None:
     """Both H200 scripts' whole flows on tiny shapes, in an environment shaped like the image (profiles/images.toml)."""
     image = images.load_images()["h200"]
     # The image's torch is 2.11.0's CUDA build; the nearest here is the CPU build of the project's pin (said so below)
-    pins = _torch_first(session, nox.project.dependency_groups(PYPROJECT, "torch"))
+    pins = _torch_first(session, machines.cpu_stack())
     session.install(*(f"{n}=={image.versions[n]}" if n in image.versions else n for n in image.rehearsed), *pins)
     session.install("--no-deps", *image.carried)  # as the script installs its wheels there
     session.run("python", "-m", "benchmarks.catalog.images", "check", image.name)  # nothing the image lacks
@@ -179,11 +208,19 @@ def _contender_session(name: str, pins: tuple[str, ...]) -> None:
         if name in CUDA_ONLY and not shutil.which("nvidia-smi"):
             session.log(f"{name} needs CUDA; the context search records it as skipped")
             return
-        _install(session, "worker", torch=True, also=pins)
+        _install(session, "worker", torch=_machine_stack(session), also=pins)
         _interpreters(session).mkdir(exist_ok=True)
         (_interpreters(session) / name).write_text(str(Path(session.bin) / "python"))
 
     contender.__doc__ = f"The {name} stack for `context` (installs only)."
+
+
+def _machine_stack(session: nox.Session) -> machines.Stack:
+    """The stack whose torch this machine's GPU runs (the CPU stack's without one), else the session stops."""
+    stack = machines.machine_stack(machines.read())
+    if isinstance(stack, str):
+        session.error(stack)
+    return stack
 
 
 def _interpreters(session: nox.Session) -> Path:
@@ -198,7 +235,7 @@ for _name, _pins in CONTENDER_STACKS.items():
 @nox.session(default=False, requires=[f"contender-{name}" for name in CONTENDER_STACKS])
 def context(session: nox.Session) -> None:
     """The max-context search across the contenders (Unsloth's ~7x claim); options after `--`."""
-    _install(session, "grpo", torch=True, also=CONTEXT_PINS)
+    _install(session, "grpo", torch=_machine_stack(session), also=CONTEXT_PINS)
     interpreters = [f"trl-1.16={Path(session.bin) / 'python'}"]
     for name in CONTENDER_STACKS:
         path = _interpreters(session) / name

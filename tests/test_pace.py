@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from benchmarks.catalog import profiles
+from benchmarks.catalog import machines, profiles
+from benchmarks.catalog.targets import ESTIMATE_WITHIN
 from benchmarks.results import schema
-from benchmarks.run import pace
+from benchmarks.run import model_dirs, pace
 
 
 def calibration(python_s=1.0, spawn_s=1.0, torch_s=1.0):
@@ -168,3 +169,65 @@ def test_a_target_prints_four_significant_digits_and_keeps_the_raw_value():
     assert "measured 0.01223, limit 0.02" in schema.Target.at_most("overhead", 0.012234036756299256, 0.02).line()
     assert "measured 1,235, limit 1,200" in schema.Target.at_most("whole run", 1234.6, 1200.0).line()
     assert "not measured (measured none, limit 0.25)" in schema.Target.at_most("estimate", None, 0.25).line()
+
+
+def test_a_first_run_adds_building_its_models_at_the_recorded_rate_and_says_so(
+    results_dir, grpo_run, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "a-new-machine"))  # nothing built yet
+    # another profile's first run built the 0.5B class: 1.84 GiB in 36.8 s (20 s a GiB)
+    half_b = schema.BuiltModel(shape="0.5b", dtype="float32", gib=1.84, seconds=36.8)
+    built = grpo_run(complete=True, built_models=[half_b])
+    built.pace = schema.Pace(calibration=calibration(torch_s=0.5), part_s=1.0, estimated_s=None, reference=None)
+    built.profile = schema.ProfileRecord(hardware="cpu", name="cpu-full")
+    schema.write(results_dir / "cpu" / "20261206T000000Z-grpo.json", built)
+    profile = profiles.load("cpu")
+    shape_gib = profiles.load_shapes()[profile.grpo.shape].param_count() * 4 / 2**30  # fp32 weights on disk
+    [grpo] = pace.estimate_run([results_dir], profile, ["grpo"], False, calibration())
+    # this machine's tensor work twice as slow as the builder's: sqrt(2 x 1) = 1.41 the seconds a GiB
+    assert grpo.first_run_s == pytest.approx(shape_gib * 20.0 * 2**0.5, rel=1e-3)
+    assert grpo.seconds == pytest.approx(100.0)  # the part itself, scaled from its reference as before
+    assert pace.whole_estimate([grpo]) == pytest.approx(grpo.seconds + grpo.first_run_s)
+    line = pace.estimate_line([grpo])
+    assert "(a first run here: building models included)" in line and "building 135m" in line
+    # built once, a later run adds nothing
+    config = model_dirs.model_dir(profiles.load_shapes()[profile.grpo.shape], profile.grpo.dtype) / "config.json"
+    config.parent.mkdir(parents=True)
+    config.write_text("{}")
+    [again] = pace.estimate_run([results_dir], profile, ["grpo"], False, calibration())
+    assert again.first_run_s == 0 and "first run" not in pace.estimate_line([again])
+
+
+def test_a_first_run_without_a_recorded_build_says_that_building_is_not_estimated(results_dir, monkeypatch, tmp_path):
+    monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "a-new-machine"))
+    [grpo] = pace.estimate_run([results_dir], profiles.load("cpu"), ["grpo"], False, calibration())
+    assert grpo.first_run_s == 0 and "building 135m" in grpo.first_run and "not estimated yet" in grpo.first_run
+
+
+def test_the_session_s_install_reaches_the_run_and_its_line_says_whether_it_was_a_first_one():
+    given = {machines.INSTALL: json.dumps({"stack": "cpu", "seconds": 185.2, "fresh": True})}
+    install = pace.install_from(given)
+    assert install == schema.Install(stack="cpu", seconds=185.2, fresh=True)
+    assert pace.install_line(install) == (
+        "install: 3:05 (stack cpu, a new environment: a first run; before this run, not in its time)"
+    )
+    assert pace.install_from({}) is None  # run without the session: nothing to record
+
+
+def test_a_quick_run_has_an_estimate_too(tmp_path):
+    # no quick run of the profile recorded: a GPU class's is predicted; the cpu class's says there is none
+    [decode] = pace.estimate_run([tmp_path], profiles.load("h100", quick=True), ["decode"], True, None)
+    assert decode.predicted and decode.seconds > 0
+
+
+def test_the_estimate_printed_before_every_committed_run_came_within_its_target_of_the_time_it_took(
+    committed_results,
+):
+    # the whole-run estimate each run printed at its start (scaled from the runs before it), against its time
+    compared = []
+    for result in schema.load_results(committed_results):
+        then = pace.pace_of(result.record)
+        if then and then.run_s and then.run_estimated_s:
+            compared.append(result.path)
+            assert abs(then.run_estimated_s / then.run_s - 1) <= ESTIMATE_WITHIN, (result.path, then)
+    assert len(compared) >= 4, compared

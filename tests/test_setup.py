@@ -1,15 +1,20 @@
-"""The README's set-up, run as a newcomer runs it on a system Python that refuses `pip install` (PEP 668: Debian,
-Ubuntu, DGX OS), and the same commands in CI's script."""
+"""The README's set-up, run as a newcomer runs it: on a system Python that refuses `pip install` (PEP 668: Debian,
+Ubuntu, DGX OS), on a Python older than 3.11, and with pip reading PyPI and PyTorch's CPU index alone (none of this
+machine's configuration, which carries a local copy of torch's CPU build); and the same commands in CI's script."""
 
+import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 import sysconfig
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from benchmarks import REPO
+from benchmarks.catalog import machines
 
 README = (REPO / "README.md").read_text()
 
@@ -57,3 +62,57 @@ def test_the_readme_s_set_up_works_where_the_system_python_refuses_pip(tmp_path)
     nox = shutil.which("nox", path=str(tmp_path / set_up.split()[3] / "bin"))
     version = subprocess.run([nox, "--version"], capture_output=True, text=True, env=env)
     assert version.returncode == 0 and re.search(r"\d{4}\.\d+", version.stdout + version.stderr)
+
+
+def test_a_python_older_than_3_11_stops_in_one_line_naming_how_to_get_3_11():
+    # the noxfile as nox loads it, on Ubuntu 22.04's python3 (3.10.12): stopped before anything needs tomllib
+    code = "import nox, runpy, sys; sys.version_info = (3, 10, 12, 'final', 0); runpy.run_path('noxfile.py')"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "Python 3.10.12 found" in done.stderr
+    assert "sudo apt install python3.11 python3.11-venv" in done.stderr and "Ubuntu 22.04" in README
+
+
+def _noxfile():
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", REPO / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class PipSession:
+    """The part of a nox session the install steps use, over a venv of its own and pip isolated from this
+    machine's configuration."""
+
+    def __init__(self, root: Path) -> None:
+        subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True)
+        self.bin, self.root, self.logged = str(root / "venv" / "bin"), root, []
+
+    def install(self, *args: str) -> None:
+        command = [f"{self.bin}/python", "-m", "pip", "install", "-q", *args]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        if done.returncode != 0 and "Network is unreachable" in done.stderr + done.stdout:
+            pytest.skip("PyPI is not reachable from here: torch's dependencies come from it")
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    def create_tmp(self) -> str:
+        return str(self.root)
+
+    def log(self, line: str) -> None:
+        self.logged.append(line)
+
+
+@pytest.mark.registry
+def test_the_cpu_torch_installs_from_pypi_and_pytorch_s_cpu_index_with_pip_isolated(
+    tmp_path, torch_cpu_index, isolated_pip
+):
+    session = PipSession(tmp_path)
+    # the tests session's and a CPU bench's first step, its index standing in for PyTorch's
+    constraint = _noxfile()._torch_first(session, replace(machines.cpu_stack(), torch_index=torch_cpu_index))
+    assert session.logged == ["torch==2.13.0+cpu: not at hand here: from the stack's index"]  # PyPI lacks it
+    assert Path(constraint[1]).read_text() == "torch==2.13.0+cpu\n"
+    code = "import torch; print(torch.__version__, torch.cuda.is_available())"
+    found = subprocess.run([f"{session.bin}/python", "-c", code], capture_output=True, text=True, timeout=300)
+    assert found.stdout.split() == ["2.13.0+cpu", "False"], found.stderr[-2000:]
+    listed = subprocess.run([f"{session.bin}/python", "-m", "pip", "list"], capture_output=True, text=True).stdout
+    assert "nvidia-" not in listed  # no CUDA library came with it

@@ -1,24 +1,29 @@
 """The machine ``nox -s bench`` runs on, and what it decides there before installing anything: the package stack
-its NVIDIA driver and architecture can run (``profiles/stacks.toml``), the profile its GPUs' class and count call
-for, and so the extras to install. Standard library only: the noxfile imports it before any package is there.
+its Python, NVIDIA driver, CUDA driver library, compiler and architecture can run (``profiles/stacks.toml``), the
+profile its GPUs' class and count call for, and so the extras to install. Standard library only: the noxfile imports
+it before any package is there.
 
-A machine is read from ``nvidia-smi`` (:func:`read`) or taken from a recorded description
+A machine is read from ``nvidia-smi``, ``libcuda`` and the system (:func:`read`) or taken from a recorded description
 (``profiles/machines.toml``), so that tests make each decision for every machine the suite promises to run on.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import platform
 import re
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks import REPO
+from benchmarks.catalog import interpreter
 from benchmarks.catalog.levers import ProfileError
 from benchmarks.catalog.profiles import load, load_hardware
 
@@ -27,8 +32,11 @@ PROFILES_DIR = REPO / "profiles"
 
 @dataclass(frozen=True)
 class Machine:
-    """What the choices read of a machine: its architecture, NVIDIA driver and first GPU (name, memory as the
-    driver gives it; on unified memory MemTotal), how many GPUs CUDA sees, and whether a CUDA toolkit is there."""
+    """What the choices read of a machine: its architecture and Python, its NVIDIA driver as ``nvidia-smi`` gives it
+    (or the error it gave), the CUDA version its driver library offers (``cuDriverGetVersion``: a forward-compatibility
+    libcuda raises it above the kernel driver's), its first GPU (name, memory as the driver gives it; on unified
+    memory MemTotal), how many GPUs CUDA sees, whether a CUDA toolkit is there, and whether a C compiler and the
+    Python headers are (Triton compiles a C module at first use)."""
 
     architecture: str  # platform.machine(): x86_64, aarch64
     driver: str | None = None  # None: no NVIDIA driver (a CPU machine)
@@ -36,23 +44,35 @@ class Machine:
     gpu_memory_gib: float = 0.0
     gpus: int = 0
     toolkit: bool = False  # nvcc on PATH or CUDA_HOME set
+    python: str = field(default_factory=platform.python_version)
+    cuda_driver: str | None = None  # libcuda's CUDA version, "13.0"; None where libcuda did not answer
+    compiler: bool = True  # $CC, gcc or clang on PATH, as Triton looks for one
+    python_headers: bool = True  # Python.h in this Python's include directory
+    smi_error: str = ""  # nvidia-smi is there but failed: its own words
 
     @property
     def driver_branch(self) -> int:
         return int(str(self.driver).split(".")[0])
 
+    @property
+    def consumer_gpu(self) -> bool:
+        """A GeForce or TITAN card: NVIDIA's CUDA forward compatibility is not offered on them."""
+        return bool(re.search(r"\b(GeForce|TITAN)\b", self.gpu_name, re.IGNORECASE))
+
 
 @dataclass(frozen=True)
 class Stack:
-    """A CUDA stack: torch and vLLM pinned together, the CUDA they are built for and the driver that runs it."""
+    """torch and the rollout engine pinned together, and where they run: a CUDA stack names the CUDA they are built
+    for and the driver that runs it; the CPU stack (``cuda`` None) names the index that serves torch's CPU build."""
 
     name: str
-    cuda: str
     torch: str
     engine: str
-    min_driver: int  # a driver branch: 580 runs every CUDA 13.x
-    driver_source: str
     architectures: tuple[str, ...]
+    cuda: str | None = None
+    min_driver: int = 0  # a driver branch: 580 runs every CUDA 13.x
+    driver_source: str = ""
+    torch_index: str | None = None  # an index beside PyPI, used where torch's build is not already at hand
 
     @property
     def pins(self) -> tuple[str, str]:
@@ -64,9 +84,26 @@ def load_stacks() -> dict[str, Stack]:
     return {name: Stack(name=name, **_listed(table)) for name, table in _toml("stacks").items()}
 
 
+def cpu_stack() -> Stack:
+    """The stack a run without a GPU installs, and the tests' torch."""
+    return load_stacks()["cpu"]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A recorded machine and the ``--profile`` its user gives (None: the machine's own)."""
+
+    machine: Machine
+    profile: str | None = None
+
+
 @functools.cache
-def load_machines() -> dict[str, Machine]:
-    return {name: Machine(**table) for name, table in _toml("machines").items()}
+def load_machines() -> dict[str, Recorded]:
+    recorded = {}
+    for name, table in _toml("machines").items():
+        profile = table.pop("profile", None)
+        recorded[name] = Recorded(Machine(**table), profile)
+    return recorded
 
 
 def _toml(name: str) -> dict:
@@ -79,24 +116,70 @@ def _listed(table: dict) -> dict:
 
 
 def read(environ: dict[str, str] | None = None) -> Machine:
-    """This machine, from ``nvidia-smi`` (no CUDA context, nothing installed); a CPU machine where there is none."""
+    """This machine, from ``nvidia-smi`` and ``libcuda`` (no CUDA context, nothing installed); a CPU machine where
+    there is no ``nvidia-smi``, one with ``smi_error`` where it fails."""
     environ = os.environ if environ is None else environ
-    architecture = platform.machine()
+    system = {"architecture": platform.machine(), "compiler": _compiler(environ), "python_headers": _python_headers()}
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return Machine(architecture)
+        return Machine(**system)
     query = [smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
     try:
-        rows = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):  # a driver that does not answer: no usable GPU
-        return Machine(architecture)
-    gpus = [[field.strip() for field in line.split(",")] for line in rows.splitlines() if line.strip()]
+        done = subprocess.run(query, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as error:
+        return Machine(**system, smi_error=f"{type(error).__name__}: {error}")
+    if done.returncode != 0:
+        said = " ".join((done.stdout + done.stderr).split())[:300] or "no output"
+        return Machine(**system, smi_error=f"exit {done.returncode}: {said}")
+    gpus = [[field.strip() for field in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
     gpus = _visible(gpus, environ.get("CUDA_VISIBLE_DEVICES"))
     if not gpus:
-        return Machine(architecture)
+        return Machine(**system)
     name, memory, driver = gpus[0]
     toolkit = bool(shutil.which("nvcc") or environ.get("CUDA_HOME"))
-    return Machine(architecture, driver, name, _gib(memory), len(gpus), toolkit)
+    return Machine(
+        **system,
+        driver=driver,
+        gpu_name=name,
+        gpu_memory_gib=_gib(memory),
+        gpus=len(gpus),
+        toolkit=toolkit,
+        cuda_driver=cuda_driver_version(),
+    )
+
+
+# cuInit, then cuDriverGetVersion, in a child of its own (a driver that hangs cannot hang the session): the CUDA
+# version the driver library loaded here offers. A forward-compatibility libcuda (cuda-compat-13-0 on
+# LD_LIBRARY_PATH) answers 13000 over a 570 kernel driver, which nvidia-smi still reports; on a GPU where
+# compatibility is not supported, cuInit fails (CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE) and nothing is offered.
+LIBCUDA_PROBE = (
+    "import ctypes\n"
+    "cuda = ctypes.CDLL('libcuda.so.1')\n"
+    "version = ctypes.c_int()\n"
+    "if cuda.cuInit(0) == 0 and cuda.cuDriverGetVersion(ctypes.byref(version)) == 0:\n"
+    "    print(version.value)\n"
+)
+
+
+def cuda_driver_version() -> str | None:
+    """The CUDA version libcuda offers ("13.0"), or None where it cannot be loaded or initialised."""
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", LIBCUDA_PROBE], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = done.stdout.strip()
+    if done.returncode != 0 or not found.isdigit():
+        return None
+    return f"{int(found) // 1000}.{int(found) % 1000 // 10}"
+
+
+def _compiler(environ: dict[str, str]) -> bool:
+    """A C compiler where Triton looks for one: $CC, else gcc, else clang."""
+    return any(shutil.which(c) for c in (environ.get("CC"), "gcc", "clang") if c)
+
+
+def _python_headers() -> bool:
+    return (Path(sysconfig.get_paths()["include"]) / "Python.h").exists()
 
 
 def _visible(gpus: list[list[str]], listed: str | None) -> list[list[str]]:
@@ -117,28 +200,75 @@ def _gib(memory_mib: str) -> float:
     return round(int(found.group(1)) / 2**20, 2) if found else 0.0
 
 
+def machine_stack(machine: Machine) -> Stack | str:
+    """The stack a machine's own GPU runs (a CUDA stack; the CPU stack where it has no driver), or why none does."""
+    return choose_stack(machine) if machine.driver else cpu_stack()
+
+
+CPU_PROFILE = "`nox -s bench -- --profile cpu` (the CPU stack, the GPUs hidden from the run)"
+
+
 def choose_stack(machine: Machine, stacks: dict[str, Stack] | None = None) -> Stack | str:
-    """The newest declared stack this machine's driver and architecture run, or the one line that says why none
-    does and what would."""
+    """The newest declared CUDA stack this machine's driver and architecture run, or the one line that says why none
+    does and what would. A driver runs a stack where its libcuda offers the stack's CUDA (forward compatibility
+    included), or, where libcuda did not answer, where its branch is the stack's or newer."""
     stacks = load_stacks() if stacks is None else stacks
-    fitting = [s for s in stacks.values() if machine.architecture in s.architectures]
+    fitting = [s for s in stacks.values() if s.cuda and machine.architecture in s.architectures]
     if not fitting:
-        known = ", ".join(sorted({a for s in stacks.values() for a in s.architectures}))
-        return (
-            f"no CUDA stack for architecture {machine.architecture} (declared: {known}); "
-            "run on the CPU with `nox -s bench -- --profile cpu`"
-        )
-    runs = [s for s in fitting if machine.driver_branch >= s.min_driver]
+        known = ", ".join(sorted({a for s in stacks.values() if s.cuda for a in s.architectures}))
+        return f"no CUDA stack for architecture {machine.architecture} (declared: {known}); on the CPU: {CPU_PROFILE}"
+    runs = [s for s in fitting if _runs(machine, s)]
     if runs:
-        return max(runs, key=lambda s: s.min_driver)
-    need = min(fitting, key=lambda s: s.min_driver)
-    return (
-        f"NVIDIA driver {machine.driver} found; every stack on PyPI that TRL 1.16 runs with "
-        f"({need.torch}, {need.engine}: CUDA {need.cuda}) needs driver {need.min_driver} or newer. Alternatives: "
-        f"a driver of branch {need.min_driver}+; NVIDIA's forward-compatibility package "
-        f"cuda-compat-{need.cuda.replace('.', '-')} (data-centre GPUs); or the CPU profile, "
-        "`nox -s bench -- --profile cpu`"
+        return max(runs, key=lambda s: _version(s.cuda))
+    return _old_driver(machine, min(fitting, key=lambda s: s.min_driver))
+
+
+def _runs(machine: Machine, stack: Stack) -> bool:
+    if machine.cuda_driver is not None:
+        return _version(machine.cuda_driver) >= _version(stack.cuda)
+    return machine.driver_branch >= stack.min_driver
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def _old_driver(machine: Machine, need: Stack) -> str:
+    """The stop line of a driver older than every stack's: what was found, what is needed, and what runs instead;
+    forward compatibility offered only where NVIDIA offers it (not on GeForce or TITAN cards)."""
+    offers = f" (CUDA {machine.cuda_driver} in its libcuda)" if machine.cuda_driver else ""
+    compat = f"cuda-compat-{need.cuda.replace('.', '-')}"
+    forward = (
+        f"NVIDIA's forward-compatibility package {compat} on a data-centre GPU, its libcuda on LD_LIBRARY_PATH "
+        "(this check reads libcuda's version and then takes it); "
+        if not machine.consumer_gpu
+        else ""
     )
+    not_offered = f" (NVIDIA's forward compatibility, {compat}, is not offered on GeForce cards)" if not forward else ""
+    return (
+        f"NVIDIA driver {machine.driver} found{offers}; every stack on PyPI that TRL 1.16 runs with "
+        f"({need.torch}, {need.engine}: CUDA {need.cuda}) needs driver {need.min_driver} or newer. Alternatives: "
+        f"a driver of branch {need.min_driver}+{not_offered}; {forward}or the CPU profile, {CPU_PROFILE}"
+    )
+
+
+def _build_tools(machine: Machine, why: str) -> str | None:
+    """The stop line where a C compiler or the Python headers are missing and ``why`` needs them."""
+    missing = [
+        m for m, there in (("a C compiler", machine.compiler), ("Python.h", machine.python_headers)) if not there
+    ]
+    if not missing:
+        return None
+    minor = ".".join(machine.python.split(".")[:2])
+    return (
+        f"{' and '.join(missing)} not found: {why}. Install them first: `sudo apt install build-essential "
+        f"python{minor}-dev` (Debian, Ubuntu, DGX OS) or `sudo dnf install gcc python3-devel` (Fedora, RHEL), then "
+        "run again"
+    )
+
+
+TRITON = "Triton compiles a small C module at first use, and vLLM's engine and every CUDA-graph decode go through it"
+DEEPSPEED_CPU = "DeepSpeed's shared-memory all-reduce, which the CPU ranks use, is compiled at install"
 
 
 def classify(name: str, memory_gib: float, gpus: int = 1) -> tuple[str, str]:
@@ -162,11 +292,12 @@ def classify(name: str, memory_gib: float, gpus: int = 1) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class BenchPlan:
-    """What ``nox -s bench`` installs and runs on a machine: the stack (None on a CPU: pyproject's ``torch``
-    group and ``cpu`` extra), the profile and class, its parts, and notes for the person at the machine."""
+    """What ``nox -s bench`` installs and runs on a machine: the stack (the CPU stack where no GPU is used), the
+    profile and class, its parts, whether the machine's GPUs are hidden from the run (the CPU profile on a GPU
+    machine), and notes for the person at the machine."""
 
     machine: Machine
-    stack: Stack | None
+    stack: Stack
     profile: str
     hardware: str | None
     parts: tuple[str, ...]
@@ -175,25 +306,37 @@ class BenchPlan:
     @property
     def extras(self) -> str:
         """The project's extras to install: DeepSpeed's only where a part runs many ranks."""
-        extras = ["bench", "grpo", *(["distributed"] if "distributed" in self.parts else [])]
-        return ",".join(extras if self.stack else [*extras, "cpu"])
+        return ",".join(["bench", "grpo", *(["distributed"] if "distributed" in self.parts else [])])
+
+    @property
+    def hides_gpus(self) -> bool:
+        return self.stack.cuda is None and bool(self.machine.driver or self.machine.smi_error)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The run's environment: no GPU visible to a CPU stack's run on a GPU machine (CUDA and NVML's reading of
+        ``CUDA_VISIBLE_DEVICES`` alike), so that nothing it measures is filed from a GPU under the cpu class."""
+        return {"CUDA_VISIBLE_DEVICES": "-1"} if self.hides_gpus else {}
 
     def lines(self) -> list[str]:
         machine = self.machine
         seen = (
             f"{machine.gpus} x {machine.gpu_name} ({machine.gpu_memory_gib:g} GiB), driver {machine.driver}"
+            + (f", CUDA {machine.cuda_driver} in libcuda" if machine.cuda_driver else "")
             if machine.driver
+            else f"nvidia-smi failed ({machine.smi_error})"
+            if machine.smi_error
             else "no NVIDIA GPU"
         )
-        stack = (
-            f"stack {self.stack.name}: {', '.join(self.stack.pins)} (CUDA {self.stack.cuda})"
-            if self.stack
-            else "the CPU stack"
-        )
+        stack = self.stack
+        built = f"CUDA {stack.cuda}" if stack.cuda else "CPU build"
         where = f" on class {self.hardware}" if self.hardware else ""
+        hidden = ["the GPUs are hidden from the run (CUDA_VISIBLE_DEVICES=-1): the cpu profile measures the CPU"]
         return [
-            f"{seen} on {machine.architecture}: {stack}",
+            f"{seen} on {machine.architecture}, Python {machine.python}: "
+            f"stack {stack.name}: {', '.join(stack.pins)} ({built})",
             f"profile {self.profile}{where}: parts {', '.join(self.parts)}; extras {self.extras}",
+            *(hidden if self.hides_gpus else []),
             *self.notes,
         ]
 
@@ -201,6 +344,15 @@ class BenchPlan:
 def plan(machine: Machine, profile: str | None = None) -> BenchPlan | str:
     """The bench session's choices for ``machine`` (``profile``: the user's ``--profile``, else the machine's
     own), or the one line that says why it cannot run there."""
+    old = interpreter.too_old(_version(machine.python))
+    if old:
+        return old
+    if machine.smi_error and profile != "cpu":
+        return (
+            f"nvidia-smi is installed but failed ({machine.smi_error}): the NVIDIA driver does not answer, so no GPU "
+            "can be used. After a driver update ('Driver/library version mismatch') a reboot loads the new kernel "
+            f"module; else reinstall the driver. To measure the CPU meanwhile: {CPU_PROFILE}"
+        )
     hardware = None
     if profile is None and machine.driver:
         profile, hardware = classify(machine.gpu_name, machine.gpu_memory_gib, machine.gpus)
@@ -209,10 +361,43 @@ def plan(machine: Machine, profile: str | None = None) -> BenchPlan | str:
         loaded = load(profile, hardware=hardware)
     except ProfileError as error:
         return str(error)
-    stack = choose_stack(machine) if machine.driver and loaded.hardware != "cpu" else None
+    stack = choose_stack(machine) if machine.driver and loaded.hardware != "cpu" else cpu_stack()
     if isinstance(stack, str):
         return stack
+    stop = _build_tools(machine, TRITON) if stack.cuda else None
+    if stop is None and not stack.cuda and "distributed" in loaded.parts:
+        stop = _build_tools(machine, DEEPSPEED_CPU)
+    if stop:
+        return stop
     return BenchPlan(machine, stack, profile, hardware, loaded.parts, tuple(_notes(machine, hardware)))
+
+
+INSTALL = "GRPO_BENCH_INSTALL"  # the bench session's install, handed to the run as JSON, recorded in its first file
+
+
+def recorded_install(stack: Stack, results: Path = REPO / "results" / "runs") -> str:
+    """What installing ``stack`` in a new environment took, as the newest run that did it recorded (its first part's
+    ``pace.install``), said before a first run installs."""
+    found = []
+    for path in results.glob("*/*.json"):
+        try:
+            run = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        install = ((run.get("grpo_bench") or run).get("pace") or {}).get("install") or {}
+        if install.get("stack") == stack.name and install.get("fresh"):
+            found.append((path.name, install["seconds"], path, (run.get("machine") or {}).get("cpu", "")))
+    if not found:
+        return (
+            f"installing stack {stack.name} in a new environment: no such install recorded yet (torch "
+            f"{'with its CUDA libraries, several GB' if stack.cuda else 'and the rest, about a GB'}): minutes, "
+            "not in the run's estimate"
+        )
+    _, seconds, path, cpu = max(found)
+    return (
+        f"installing stack {stack.name} in a new environment: ~{int(seconds) // 60}:{int(seconds) % 60:02d} as "
+        f"recorded by {path.relative_to(results.parent.parent)} ({cpu}); the run's estimate follows it"
+    )
 
 
 def _notes(machine: Machine, hardware: str | None) -> list[str]:

@@ -99,7 +99,8 @@ class Gpu:
 
 @dataclass(kw_only=True)
 class Machine:
-    """The machine's fingerprint: CPU, cores, RAM; GPUs by NVML (name, memory, driver)."""
+    """The machine's fingerprint: CPU, cores, RAM; GPUs by NVML (name, memory, driver), every one the machine has,
+    and ``CUDA_VISIBLE_DEVICES`` as the run saw it (``-1``: the GPUs hidden, a CPU profile on a GPU machine)."""
 
     cpu: str = "unknown"
     cores: int | None = None
@@ -108,6 +109,7 @@ class Machine:
     hostname: str = ""
     platform: str = ""
     python: str = ""
+    cuda_visible_devices: str | None = None  # None: unset, every GPU visible
 
 
 @dataclass(kw_only=True)
@@ -137,6 +139,27 @@ class Calibration:
 
 
 @dataclass(kw_only=True)
+class Install:
+    """The bench session's install before the run (``nox -s bench``): which stack, how long, and whether its
+    environment was new (a first run: every package downloaded or unpacked) or reused."""
+
+    stack: str
+    seconds: float
+    fresh: bool
+
+
+@dataclass(kw_only=True)
+class BuiltModel:
+    """A model directory a part built from its shape before it measured (a first run on a machine: later runs
+    reuse it from the cache): its size on disk and how long building it took."""
+
+    shape: str
+    dtype: str
+    gib: float
+    seconds: float
+
+
+@dataclass(kw_only=True)
 class Pace:
     """How long a part took against what was estimated before it started. The last part of a run also
     holds the whole run's time, its estimate and the profile's time targets."""
@@ -150,6 +173,8 @@ class Pace:
     run_estimated_s: float | None = None
     run_targets: list[Target] = field(default_factory=list)
     predicted: bool = False  # the estimate came from the time model (a first run on a GPU class), not a reference
+    install: Install | None = None  # the first part's file: the session's install before the run
+    first_run_s: float | None = None  # of the estimate: building this part's models, not yet built here
 
 
 @dataclass(kw_only=True)
@@ -170,6 +195,7 @@ class RunFile:
     ended_early: str | None = None
     targets: list[Target] = field(default_factory=list)
     pace: Pace | None = None  # written when the part has ended (python -m benchmarks bench)
+    built_models: list[BuiltModel] = field(default_factory=list)  # models this part built before measuring
 
 
 @dataclass(kw_only=True)

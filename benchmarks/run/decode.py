@@ -34,7 +34,7 @@ from benchmarks.run import devices, machine
 from benchmarks.run.bandwidth_probe import ceiling as ceiling_of
 from benchmarks.run.bandwidth_probe import probe
 from benchmarks.run.configuration import VLLM_CPU_ENV
-from benchmarks.run.model_dirs import build_on_device, materialise
+from benchmarks.run.model_dirs import build_on_device, materialise_recorded
 
 
 def step_bytes(shape: Shape, dtype: str, batch: int, context: int, new_tokens: int) -> float:
@@ -324,7 +324,7 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     schema.write(path, result)  # the ceiling is kept even if the sweep breaks
     with schema.marked_incomplete(path, result):
         shape = load_shapes()[settings.shape]
-        model_dir = str(materialise(shape, settings.dtype, weights=settings.weights))
+        model_dir = str(materialise_recorded(settings.shape, settings.dtype, settings.weights, result.built_models))
         spec = load_hardware()[profile.hardware].spec_bandwidth_gb_s
 
         def add(row: schema.DecodePoint) -> None:

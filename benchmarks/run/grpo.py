@@ -34,7 +34,7 @@ from benchmarks.run import cluster, machine
 from benchmarks.run.configuration import run_configuration
 from benchmarks.run.job import Job
 from benchmarks.run.machines import run_machines, slurm_record, submit_to_slurm
-from benchmarks.run.model_dirs import materialise
+from benchmarks.run.model_dirs import materialise_recorded
 
 
 def run_grpo(
@@ -53,10 +53,10 @@ def run_grpo(
     assert bench is not None
     shape, hardware = load_shapes()[bench.shape], load_hardware()[profile.hardware]
     print(f"shape {bench.shape}: {shape.param_count() / 1e6:,.1f}M parameters ({shape.source}); building or reusing it")
-    model_dir = materialise(shape, bench.dtype, weights=bench.weights)
-    budget = int(bench.memory_budget_gib * GIB)
     path = out / profile.hardware / f"{machine.stamp()}-{part}.json"
     result = schema.GrpoFile(**machine.header(part, profile, quick), shape=machine.shape_record(bench.shape))
+    model_dir = materialise_recorded(bench.shape, bench.dtype, bench.weights, result.built_models)
+    budget = int(bench.memory_budget_gib * GIB)
     todo = [
         (name, levers)
         for name, levers in configurations(bench)

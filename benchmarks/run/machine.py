@@ -44,6 +44,7 @@ def fingerprint() -> schema.Machine:
         hostname=platform.node(),
         platform=platform.platform(),
         python=platform.python_version(),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
     )
 
 

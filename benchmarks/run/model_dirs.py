@@ -17,12 +17,14 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.catalog.profiles import WEIGHTS
+from benchmarks.catalog.profiles import WEIGHTS, load_shapes
 from benchmarks.catalog.shapes import Shape
+from benchmarks.results import schema
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, EOS, UNK)
@@ -75,6 +77,20 @@ def cache_root() -> Path:
     return Path(os.environ.get("GRPO_BENCH_CACHE", Path.home() / ".cache" / "grpo-bench"))
 
 
+def model_dir(shape: Shape, dtype: str = "float32", root: Path | None = None, weights: str = "saved") -> Path:
+    """Where ``shape`` in ``dtype`` is (or will be) built: a directory named by the content it holds."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights {weights!r}: one of {', '.join(WEIGHTS)}")
+    saved = weights == "saved"
+    key = hashlib.sha256(json.dumps([asdict(shape), dtype, 1 if saved else 2], sort_keys=True).encode()).hexdigest()
+    name = f"{shape.architecture}-{shape.hidden_size}x{shape.num_hidden_layers}-{dtype}-{key[:16]}"
+    return (root or cache_root()) / "models" / (name if saved else f"{name}-config-only")
+
+
+def is_built(shape: Shape, dtype: str = "float32", weights: str = "saved") -> bool:
+    return (model_dir(shape, dtype, weights=weights) / "config.json").exists()
+
+
 def materialise(shape: Shape, dtype: str = "float32", root: Path | None = None, weights: str = "saved") -> Path:
     """The model directory for ``shape`` in ``dtype`` (built once, then reused): with ``weights="saved"``
     random weights in safetensors (what vLLM loads); with ``"on-device"`` its config and tokenizer only,
@@ -83,18 +99,13 @@ def materialise(shape: Shape, dtype: str = "float32", root: Path | None = None, 
     import torch
     from transformers import AutoModelForCausalLM
 
-    if weights not in WEIGHTS:
-        raise ValueError(f"weights {weights!r}: one of {', '.join(WEIGHTS)}")
-    saved = weights == "saved"
-    key = hashlib.sha256(json.dumps([asdict(shape), dtype, 1 if saved else 2], sort_keys=True).encode()).hexdigest()
-    name = f"{shape.architecture}-{shape.hidden_size}x{shape.num_hidden_layers}-{dtype}-{key[:16]}"
-    target = (root or cache_root()) / "models" / (name if saved else f"{name}-config-only")
+    target = model_dir(shape, dtype, root, weights)
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
-        if saved:
+        if weights == "saved":
             torch.manual_seed(0)
             model = AutoModelForCausalLM.from_config(hf_config(shape, dtype), dtype=getattr(torch, dtype))
             model.save_pretrained(scratch)
@@ -105,6 +116,20 @@ def materialise(shape: Shape, dtype: str = "float32", root: Path | None = None, 
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
+    return target
+
+
+def materialise_recorded(name: str, dtype: str, weights: str, built: list[schema.BuiltModel]) -> Path:
+    """``materialise`` of the shape named ``name``; where it had to be built, what that took appended to
+    ``built`` (a part's ``built_models``: a first run's cost, which the next first run's estimate reads)."""
+    shape = load_shapes()[name]
+    if is_built(shape, dtype, weights):
+        return model_dir(shape, dtype, weights=weights)
+    started = time.monotonic()
+    target = materialise(shape, dtype, weights=weights)
+    size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
+    seconds = round(time.monotonic() - started, 2)
+    built.append(schema.BuiltModel(shape=name, dtype=dtype, gib=round(size / 2**30, 3), seconds=seconds))
     return target
 
 

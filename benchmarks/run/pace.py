@@ -5,7 +5,10 @@ an interpreter, fp32 tensor work on every core). Each part's estimate is the new
 the same profile and part on the same hardware class (a result file with a calibration of its own),
 scaled by how much slower this machine did the same calibration work: the reward rows by the Python
 and interpreter-start figures, the parts that run models by the tensor and Python figures. Where no
-such run exists, the part has no estimate and the line says so; nothing is guessed.
+such run exists, a GPU class's part is predicted by the time model, and elsewhere the part has no estimate and the
+line says so; nothing is guessed. On a first run a part also builds its models (random weights written once, then
+cached): each model not yet built here adds its size on disk at the seconds per GiB of the largest build recorded
+(scaled like the part), and the line says so.
 """
 
 from __future__ import annotations
@@ -18,15 +21,18 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from benchmarks.catalog.profiles import GRPO_PARTS, Profile, configurations
+from benchmarks.catalog.machines import INSTALL
+from benchmarks.catalog.profiles import GRPO_PARTS, Profile, configurations, load_shapes
 from benchmarks.catalog.targets import ESTIMATE_WITHIN
+from benchmarks.model.estimate import DTYPE_BYTES, GIB
 from benchmarks.model.fit import PREDICTED_BASIS, predicted_part_s
 from benchmarks.results import schema
 from benchmarks.run.bandwidth_probe import ceiling, probe
+from benchmarks.run.model_dirs import is_built
 
 # Which calibration figures a part's time follows (the geometric mean of their ratios).
 FOLLOWS = {
@@ -111,6 +117,48 @@ class PartEstimate:
     scale: float | None
     why_none: str = ""
     predicted: bool = False  # from the time model (a first run on a GPU class), not scaled from a run
+    first_run_s: float = 0.0  # building the part's models, not yet built here
+    first_run: str = ""  # what that is, or why it is not estimated
+
+
+def to_build(profile: Profile, part: str) -> list[tuple[str, float]]:
+    """The models ``part`` builds before it measures that are not built here yet: (shape, GiB written)."""
+    settings = None if part == "rewards" else getattr(profile, part, None)
+    if settings is None:
+        return []
+    shape = load_shapes()[settings.shape]
+    if is_built(shape, settings.dtype, settings.weights):
+        return []
+    saved = settings.weights == "saved"  # on-device weights: a config and a tokenizer only
+    return [(settings.shape, shape.param_count() * DTYPE_BYTES[settings.dtype] / GIB if saved else 0.0)]
+
+
+def build_rate(results: list[schema.Result]) -> tuple[float, schema.Result, schema.Calibration | None] | None:
+    """Seconds per GiB of the largest model build recorded (a first run's), its file and that run's calibration."""
+    builds = [(b, r) for r in results for b in getattr(r.record, "built_models", []) if b.gib > 0]
+    if not builds:
+        return None
+    built, found = max(builds, key=lambda item: item[0].gib)
+    then = pace_of(found.record)
+    return built.seconds / built.gib, found, then.calibration if then else None
+
+
+def with_first_run(
+    estimate: PartEstimate, profile: Profile, results: list[schema.Result], calibration: schema.Calibration | None
+) -> PartEstimate:
+    """``estimate`` with the building of its models that are not built here yet."""
+    building = to_build(profile, estimate.part)
+    if not building:
+        return estimate
+    gib, names = sum(g for _, g in building), ", ".join(name for name, _ in building)
+    rate = build_rate(results)
+    if rate is None:
+        return replace(estimate, first_run=f"first run here: building {names} ({gib:.2f} GiB) not estimated yet")
+    per_gib, found, then = rate
+    factor = scale(calibration, then, estimate.part) if calibration and then else 1.0
+    seconds = gib * per_gib * factor
+    said = f"first run here: building {names} ~{clock(seconds)} ({gib:.2f} GiB at {per_gib:.1f} s/GiB, {found.path})"
+    return replace(estimate, first_run_s=seconds, first_run=said)
 
 
 def reference(results: list[schema.Result], profile: Profile, part: str, quick: bool) -> schema.Result | None:
@@ -153,7 +201,7 @@ def estimate_part(
     share its configurations to run now took then)."""
     found = reference(results, profile, part, quick)
     if found is None:
-        predicted = None if quick else predicted_part_s(profile, part, names)
+        predicted = predicted_part_s(profile, part, names)
         if predicted is not None:
             return PartEstimate(part, predicted, None, None, predicted=True)
         return PartEstimate(part, None, None, None, f"no earlier {part} run of profile {profile.name} with a pace here")
@@ -180,7 +228,12 @@ def estimate_run(
         except (OSError, ValueError) as error:  # no results yet, or one that does not read: none from it
             print(f"no earlier runs to scale from {directory}: {error}")
     return [
-        estimate_part(results, profile, part, quick, calibration, configuration_names(profile, part, patterns))
+        with_first_run(
+            estimate_part(results, profile, part, quick, calibration, configuration_names(profile, part, patterns)),
+            profile,
+            results,
+            calibration,
+        )
         for part in parts
     ]
 
@@ -201,22 +254,35 @@ def clock(seconds: float) -> str:
 
 def estimate_line(estimates: list[PartEstimate]) -> str:
     """What is printed before the run starts: the whole estimate, each part's, and what it scaled."""
-    parts = [
-        e.why_none
-        if e.seconds is None
-        else f"{e.part} ~{clock(e.seconds)} " + ("(predicted)" if e.predicted else f"({e.reference} x{e.scale:.2f})")
-        for e in estimates
-    ]
+    parts = [_part_line(e) + (f" + {e.first_run}" if e.first_run else "") for e in estimates]
     whole = whole_estimate(estimates)
     head = f"estimate: ~{clock(whole)} in all" if whole is not None else "estimate: none for the whole run"
+    first = " (a first run here: building models included)" if any(e.first_run_s for e in estimates) else ""
     basis = f" ({PREDICTED_BASIS})" if any(e.predicted for e in estimates) else ""
-    return f"{head}; " + "; ".join(parts) + basis
+    return f"{head}{first}; " + "; ".join(parts) + basis
+
+
+def install_from(environ: Mapping[str, str]) -> schema.Install | None:
+    """The bench session's install, where the session handed it to this run."""
+    given = environ.get(INSTALL)
+    return schema.decode(schema.Install, json.loads(given), INSTALL) if given else None
+
+
+def install_line(install: schema.Install) -> str:
+    kind = "a new environment: a first run" if install.fresh else "a reused environment"
+    return f"install: {clock(install.seconds)} (stack {install.stack}, {kind}; before this run, not in its time)"
+
+
+def _part_line(e: PartEstimate) -> str:
+    if e.seconds is None:
+        return e.why_none
+    return f"{e.part} ~{clock(e.seconds)} " + ("(predicted)" if e.predicted else f"({e.reference} x{e.scale:.2f})")
 
 
 def whole_estimate(estimates: list[PartEstimate]) -> float | None:
     if any(e.seconds is None for e in estimates):
         return None
-    return sum(e.seconds for e in estimates)
+    return sum(e.seconds + e.first_run_s for e in estimates)
 
 
 def run_targets(profile: str, limit_min: float | None, run_s: float, estimated_s: float | None) -> list[schema.Target]:
