@@ -1,7 +1,13 @@
+import functools
+import json
 import os
+import platform
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -70,7 +76,7 @@ def isolated_pip_environ(home: Path) -> dict[str, str]:
     return {**network, "PATH": os.environ["PATH"], "HOME": str(home), "PIP_CONFIG_FILE": os.devnull}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def torch_cpu_index(tmp_path_factory) -> str:
     """A stand-in for PyTorch's CPU wheel index, which this machine cannot reach: a simple index holding the CPU
     stack's torch wheel, fetched as pip is configured here (a local copy), else from the stack's own index."""
@@ -87,13 +93,91 @@ def torch_cpu_index(tmp_path_factory) -> str:
     return project.parent.as_uri()
 
 
+@pytest.fixture(scope="session")
+def new_user_home(tmp_path_factory) -> Path:
+    """One home for every test that plays a new user, so that their pip shares a download cache."""
+    return tmp_path_factory.mktemp("new-user-home")
+
+
 @pytest.fixture
-def isolated_pip(tmp_path, monkeypatch) -> dict[str, str]:
+def isolated_pip(new_user_home, monkeypatch) -> dict[str, str]:
     """This process's environment made a new user's for pip (``isolated_pip_environ``), so that every pip started
     from the test, directly or by the code under test, reads PyPI alone unless told."""
-    isolated = isolated_pip_environ(tmp_path)
+    isolated = isolated_pip_environ(new_user_home)
     for name in list(os.environ):
         monkeypatch.delenv(name)
     for name, value in isolated.items():
         monkeypatch.setenv(name, value)
     return isolated
+
+
+def stack_requirements(stack: machines.Stack) -> list[str]:
+    """What the bench session installs from wheels for a stack: the project's dependencies and its bench and grpo
+    extras (with those they name), and the stack's pins. DeepSpeed is left out: it is built from its source
+    distribution against the pinned torch."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras, wanted, found = project["optional-dependencies"], ["bench", "grpo"], list(project["dependencies"])
+    while wanted:
+        for requirement in extras[wanted.pop()]:
+            named = re.fullmatch(r"grpo-bench\[(.+)\]", requirement)
+            wanted += named.group(1).split(",") if named else []
+            found += [] if named else [requirement]
+    return sorted(set(found)) + list(stack.pins)
+
+
+def _resolve_command(stack: machines.Stack, architecture: str, report: Path) -> list[str]:
+    """pip's dry run of ``stack`` on ``architecture``: a CUDA stack for Python 3.12 and glibc 2.39 (Ubuntu 24.04,
+    DGX OS) and older; the CPU stack on this machine, with its torch index beside PyPI."""
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
+    command += ["--report", str(report), "--only-binary", ":all:"]
+    if stack.cuda:  # pip takes the legacy manylinux2014 tag only by its own name
+        tags = [f"manylinux_2_{glibc}_{architecture}" for glibc in range(39, 16, -1)]
+        tags += [f"manylinux2014_{architecture}"]
+        command += ["--target", str(report.parent / "never"), "--python-version", "3.12", "--implementation", "cp"]
+        command += [arg for tag in tags for arg in ("--platform", tag)]
+    else:
+        command += ["--extra-index-url", stack.torch_index]
+    return command + stack_requirements(stack)
+
+
+@pytest.fixture(scope="session")
+def resolves(request, tmp_path_factory, new_user_home):
+    """(stack, architecture) -> what pip, isolated from this machine's configuration, would install: name ->
+    version. Every resolve a selected test asks for starts with the session, all at once: each waits mostly on
+    PyPI, so they overlap one another and the tests that run meanwhile."""
+    items = [item for item in request.session.items if "resolves" in getattr(item, "fixturenames", ())]
+    wanted = {getattr(item, "callspec", None) and item.callspec.params.get("stack") or "cpu" for item in items}
+    running = {}
+    for stack in (s for s in machines.load_stacks().values() if s.name in wanted):
+        try:
+            stack = stack if stack.cuda else replace(stack, torch_index=request.getfixturevalue("torch_cpu_index"))
+        except pytest.skip.Exception as skipped:
+            running[stack.name, platform.machine()] = str(skipped)
+            continue
+        for architecture in stack.architectures if stack.cuda else [platform.machine()]:
+            report = tmp_path_factory.mktemp(f"resolve-{stack.name}-{architecture}") / "report.json"
+            environ = isolated_pip_environ(new_user_home)
+            command = _resolve_command(stack, architecture, report)
+            process = subprocess.Popen(command, env=environ, stderr=subprocess.PIPE, text=True)
+            running[stack.name, architecture] = (process, report)
+    return functools.partial(_resolved, running)
+
+
+def _resolved(running: dict, stack: str, architecture: str) -> dict[str, str]:
+    """A resolve's result, once its pip has ended: name -> version."""
+    if isinstance(running[stack, architecture], str):
+        pytest.skip(running[stack, architecture])
+    process, report = running[stack, architecture]
+    stderr = process.communicate(timeout=900)[1]
+    if process.returncode != 0 and "Network is unreachable" in stderr:
+        pytest.skip("PyPI is not reachable from here: the resolve needs its index")
+    assert process.returncode == 0, stderr[-3000:]
+    installed = json.loads(report.read_text())["install"]
+    return {re.sub(r"[-_.]+", "-", i["metadata"]["name"]).lower(): i["metadata"]["version"] for i in installed}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _resolves_start_with_the_session(request):
+    """The resolves begin before the first test, not at their own (late in the order), where any is selected."""
+    if any("resolves" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("resolves")

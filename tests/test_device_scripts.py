@@ -180,7 +180,7 @@ def test_a_grpo_part_forced_past_its_budget_leaves_a_timeout_record_naming_its_p
     pytest.importorskip("trl")
     env = {**os.environ, "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     # the part keeps a 60 s budget, but its configurations must end 1 s after it starts: no row can, however fast
-    env |= {"H200_BUDGETS": "grpo-3b=60", "H200_DEADLINE_MARGIN_S": "59"}
+    env |= {"H200_BUDGETS": "grpo-3b=60", "H200_DEADLINE_MARGIN_S": "59", "H200_PARTS": "grpo-3b"}
     script = str(REPO / "benchmarks" / "device" / "h200.sh")
     done = subprocess.run(["bash", script, "--rehearse"], capture_output=True, text=True, env=env, timeout=900)
     assert "grpo-3b: done" in done.stdout, done.stdout[-3000:]  # ended by itself, inside the script's budget

@@ -63,6 +63,7 @@ if [ "$mode" = --rehearse ]; then
   # an overrun rehearsed: a part's budget ("grpo-3b=60") and how long before its end its configurations must stop
   for given in ${H200_BUDGETS:-}; do BUDGET_S[${given%=*}]=${given#*=}; done
   margin_s=${H200_DEADLINE_MARGIN_S:-$margin_s}
+  [ -n "${H200_PARTS:-}" ] && read -ra PARTS <<<"$H200_PARTS"  # the parts a rehearsal is about ("grpo-3b")
 elif [ "$mode" = run ]; then
   # a result names the commit that ran: this tree must be the one its record was written from (no git here)
   if ! python3 -c 'import sys; from benchmarks.run.machine import commit; c = commit(); print(f"commit: {c.id} ({c.source})"); sys.exit(0 if c.id and not c.dirty else 3)'; then
