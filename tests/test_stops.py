@@ -71,7 +71,7 @@ def test_a_grpo_file_cut_in_its_third_configuration_keeps_two_citable_ones(monke
     monkeypatch.setattr(grpo, "materialise_recorded", lambda name, dtype, weights, built: tmp_path)
     monkeypatch.setattr(grpo, "run_configuration", cut_in_the_third)
     with pytest.raises(schema.Stopped):
-        grpo.run_grpo(load("cpu", quick=True), True, tmp_path / "runs")
+        grpo.run_grpo(load("cpu"), False, tmp_path / "runs")
 
     results = schema.load_results(tmp_path / "runs")
     [result] = results
