@@ -389,9 +389,8 @@ def recorded_install(stack: Stack, results: Path = REPO / "results" / "runs") ->
             found.append((path.name, install["seconds"], path, (run.get("machine") or {}).get("cpu", "")))
     if not found:
         return (
-            f"installing stack {stack.name} in a new environment: no such install recorded yet (torch "
-            f"{'with its CUDA libraries, several GB' if stack.cuda else 'and the rest, about a GB'}): minutes, "
-            "not in the run's estimate"
+            f"installing stack {stack.name} in a new environment: no such install recorded yet"
+            f"{' (torch with its CUDA libraries: several GB)' if stack.cuda else ''}: minutes, not in the estimate"
         )
     _, seconds, path, cpu = max(found)
     return (

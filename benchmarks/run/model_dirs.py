@@ -123,10 +123,11 @@ def materialise_recorded(name: str, dtype: str, weights: str, built: list[schema
     """``materialise`` of the shape named ``name``; where it had to be built, what that took appended to
     ``built`` (a part's ``built_models``: a first run's cost, which the next first run's estimate reads)."""
     shape = load_shapes()[name]
-    if is_built(shape, dtype, weights):
-        return model_dir(shape, dtype, weights=weights)
+    target = model_dir(shape, dtype, weights=weights)
+    if (target / "config.json").exists():
+        return target
     started = time.monotonic()
-    target = materialise(shape, dtype, weights=weights)
+    materialise(shape, dtype, weights=weights)
     size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
     seconds = round(time.monotonic() - started, 2)
     built.append(schema.BuiltModel(shape=name, dtype=dtype, gib=round(size / 2**30, 3), seconds=seconds))

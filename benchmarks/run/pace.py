@@ -121,16 +121,16 @@ class PartEstimate:
     first_run: str = ""  # what that is, or why it is not estimated
 
 
-def to_build(profile: Profile, part: str) -> list[tuple[str, float]]:
-    """The models ``part`` builds before it measures that are not built here yet: (shape, GiB written)."""
+def to_build(profile: Profile, part: str) -> tuple[str, float] | None:
+    """The model ``part`` builds before it measures, where it is not built here yet: (shape, GiB written)."""
     settings = None if part == "rewards" else getattr(profile, part, None)
     if settings is None:
-        return []
+        return None
     shape = load_shapes()[settings.shape]
     if is_built(shape, settings.dtype, settings.weights):
-        return []
+        return None
     saved = settings.weights == "saved"  # on-device weights: a config and a tokenizer only
-    return [(settings.shape, shape.param_count() * DTYPE_BYTES[settings.dtype] / GIB if saved else 0.0)]
+    return settings.shape, shape.param_count() * DTYPE_BYTES[settings.dtype] / GIB if saved else 0.0
 
 
 def build_rate(results: list[schema.Result]) -> tuple[float, schema.Result, schema.Calibration | None] | None:
@@ -148,9 +148,9 @@ def with_first_run(
 ) -> PartEstimate:
     """``estimate`` with the building of its models that are not built here yet."""
     building = to_build(profile, estimate.part)
-    if not building:
+    if building is None:
         return estimate
-    gib, names = sum(g for _, g in building), ", ".join(name for name, _ in building)
+    names, gib = building
     rate = build_rate(results)
     if rate is None:
         return replace(estimate, first_run=f"first run here: building {names} ({gib:.2f} GiB) not estimated yet")
