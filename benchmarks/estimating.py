@@ -11,7 +11,6 @@ import tomllib
 
 from benchmarks import REPO
 from benchmarks.catalog import profiles
-from benchmarks.catalog.levers import GUIDE_PROMPT_TOKENS
 from benchmarks.model import estimate, guide, plan, timing
 from benchmarks.report import time_validation
 from benchmarks.results import schema
@@ -22,9 +21,12 @@ RESULTS = REPO / "results" / "runs"
 BOOLEANS = {"true": True, "false": False}
 
 
-def parse_levers(texts: list[str], base: profiles.Levers = guide.GUIDE_BASE) -> tuple[profiles.Levers, frozenset[str]]:
+def parse_levers(
+    texts: list[str], base: profiles.Levers = guide.GUIDE_BASE, together: bool = True
+) -> tuple[profiles.Levers, frozenset[str]]:
     """Every ``--levers k=v,k=v`` over ``base``, and the names given; values read as TOML (true, 0.04, "x"), True
-    and False too, else as plain strings. A lever given twice with two values is refused."""
+    and False too, else as plain strings. A lever given twice with two values is refused; ``together``: what the
+    levers require of each other is checked too (not where the recipe places them on ranks first)."""
     table: dict = {}
     for item in (part.strip() for text in texts for part in text.split(",")):
         if not item:
@@ -37,8 +39,19 @@ def parse_levers(texts: list[str], base: profiles.Levers = guide.GUIDE_BASE) -> 
             raise profiles.ProfileError(f"--levers: {key} given twice, as {table[key]!r} and {parsed!r}")
         table[key] = parsed
     levers = profiles._build(profiles.Levers, dataclasses.asdict(base) | table, "--levers", partial=True)
-    profiles.check_levers(levers, "--levers", "levers")
+    for name, value in table.items():
+        profiles.check_lever(name, value, "--levers", f"levers.{name}")
+    if together:
+        profiles.check_levers(levers, "--levers", "levers")
     return levers, frozenset(table)
+
+
+def positive(text: str) -> int:
+    """An argument that must be a positive whole number."""
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
 
 
 def _toml_value(value: str) -> object:
@@ -48,21 +61,49 @@ def _toml_value(value: str) -> object:
         return value
 
 
-def workload_line(levers: profiles.Levers, prompt_tokens: int) -> str:
+def workload_line(levers: profiles.Levers, recipe: guide.Recipe) -> str:
     """The workload the estimate assumes, in TRL's terms, stated once."""
-    prompts = levers.per_device_train_batch_size * levers.gradient_accumulation_steps // levers.num_generations
     world = levers.world_size
-    line = (
-        f"per rank: {levers.per_device_train_batch_size * levers.gradient_accumulation_steps} completions a step "
-        f"({prompts} prompt(s) x num_generations={levers.num_generations}) of {prompt_tokens} prompt + "
-        f"{levers.max_completion_length} completion tokens"
+    line = f"the step: {recipe.line()}"
+    line += (
+        f"\nper rank: {levers.per_device_train_batch_size * levers.gradient_accumulation_steps} completions a step, "
+        f"micro-batches of {levers.per_device_train_batch_size} x gradient_accumulation_steps "
+        f"{levers.gradient_accumulation_steps}"
     )
     if world > 1:
-        line += (
-            f"; {world} ranks ({levers.num_machines} machine(s) x {levers.num_processes}, {levers.distributed_type}): "
-            f"{world * prompts * levers.num_generations} completions a step in all"
-        )
+        line += f" on each of {world} ranks ({levers.num_machines} machine(s) x {levers.num_processes})"
     return line
+
+
+def recipe_levers(parser: argparse.ArgumentParser, texts: list[str]) -> tuple[profiles.Levers, frozenset[str]]:
+    """``--levers`` over the guide's base, refusing what the recipe decides: each rank's micro-batches follow from
+    the global batch."""
+    try:
+        levers, given = parse_levers(texts, together=False)
+    except profiles.ProfileError as error:
+        parser.error(str(error))
+    if "gradient_accumulation_steps" in given:
+        parser.error(
+            "--levers gradient_accumulation_steps: it follows from --global-batch over the ranks in micro-batches "
+            "of per_device_train_batch_size; give those instead"
+        )
+    return levers, given
+
+
+def recipe_of(parser: argparse.ArgumentParser, args: argparse.Namespace, levers: profiles.Levers) -> guide.Recipe:
+    """The recipe the arguments ask for: ``--global-batch`` completions in groups of the levers' num_generations,
+    of up to their max_completion_length tokens."""
+    try:
+        return guide.Recipe.of_batch(
+            args.global_batch,
+            levers.num_generations,
+            prompt_tokens=args.prompt_tokens,
+            completion_tokens=levers.max_completion_length,
+            mean_completion=args.mean_completion,
+            steps=args.steps,
+        )
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def asked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[plan.Ask, str, profiles.Hardware]:
@@ -72,19 +113,24 @@ def asked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[pl
         parser.error(f"--shape {args.shape!r}: not in profiles/shapes.toml ({', '.join(shape_catalog)})")
     if args.hardware not in catalog:
         parser.error(f"--hardware {args.hardware!r}: not in profiles/hardware.toml ({', '.join(catalog)})")
-    if args.prompt_tokens <= 0:
-        parser.error(f"--prompt-tokens must be positive, got {args.prompt_tokens}")
     if args.price_per_gpu_hour is not None and args.price_per_gpu_hour < 0:
         parser.error(f"--price-per-gpu-hour must be at least 0, got {args.price_per_gpu_hour}")
-    try:
-        levers, given = parse_levers(args.levers)
-    except profiles.ProfileError as error:
-        parser.error(str(error))
+    levers, given = recipe_levers(parser, args.levers)
     if args.dtype not in estimate.DTYPE_BYTES:
         parser.error(f"--dtype {args.dtype!r}: one of {', '.join(estimate.DTYPE_BYTES)}")
-    if args.min_gpus and not catalog[args.hardware].peak_bf16_tflops:
-        parser.error(f"--min-gpus: {args.hardware!r} is one machine, with no GPU count to choose")
-    ask = plan.Ask(shape_catalog[args.shape], levers, given, args.prompt_tokens, args.dtype)
+    gpus = args.gpus or levers.world_size
+    if (args.min_gpus or gpus > 1) and not catalog[args.hardware].peak_bf16_tflops:
+        parser.error(f"--gpus/--min-gpus: {args.hardware!r} is one machine, with no GPU count to choose")
+    ask = plan.Ask(shape_catalog[args.shape], levers, given, recipe_of(parser, args, levers), args.dtype)
+    placed = None if args.min_gpus else ask.on(levers, gpus, catalog[args.hardware])
+    if not args.min_gpus and placed is None:
+        parser.error(
+            f"{gpus} GPUs: the global batch of {ask.recipe.global_batch} completions does not split evenly over their "
+            f"ranks; counts it feeds: {', '.join(map(str, ask.fed_counts()))}"
+        )
+    problem = placed and profiles.combination_problem(placed)
+    if problem:
+        parser.error(f"--levers on {gpus} GPU(s): {problem}")
     return ask, args.hardware, catalog[args.hardware]
 
 
@@ -99,26 +145,27 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             return 1
         levers, server = found.levers, found.server_gpus
     else:
-        levers, server = ask.on(ask.base, 1, hardware), 0
+        levers, server = ask.on(ask.base, args.gpus or ask.base.world_size, hardware), 0
     est = ask.predict(levers, hardware)
     capacity = hardware.memory_gib * estimate.GIB
     print(
         f"{args.shape} ({ask.shape.param_count() / 1e9:.4g}B params, {ask.dtype}) on "
         f"{levers.world_size + server} x {hardware.name} ({readable(hardware.memory_gib)} GiB each)"
     )
-    print(workload_line(levers, ask.prompt_tokens))
+    print(workload_line(levers, ask.recipe))
     print(f"levers beside the defaults: {guide.differing(ask.base, guide.GUIDE_BASE)}")
     print(f"  which is: {guide.in_words(levers, server)}{engine_line(ask, levers)}")
     print_memory(est)
     fits = est.fits(capacity) and profiles.combination_problem(levers) is None
     print("\n" + verdict(est, capacity, hardware.name, args.min_gpus))
     if est.engine_cannot_start and levers.vllm_mode == "colocate":
-        work = estimate.Workload.from_levers(levers, ask.prompt_tokens)
+        work = ask.recipe.workload(levers)
         share = math.ceil(100 * estimate.engine_need(ask.shape, ask.dtype, levers, work).to_start / capacity) / 100
         print(f"  vllm_gpu_memory_utilization >= {share:.2f} would start it" if share <= 1 else "")
     if fits:
         rates = step_rates(levers, hardware)
-        print_step_time(args, plan.Setup(card, hardware, levers, server, est.peak, ask.step(levers, rates)), rates)
+        setup = plan.Setup(card, hardware, levers, server, est.peak, ask.step(levers, rates))
+        print_step_time(args, setup, rates, ask.recipe)
         return 0
     print("no time or cost: it does not fit")
     if hardware.peak_bf16_tflops:  # a GPU class: what would fit on more of it, or with other levers
@@ -167,7 +214,8 @@ def print_memory(est: estimate.Estimate) -> None:
 
 def why_not_lines(why: plan.WhyNot, name: str, count: int) -> list[str]:
     """The binding term, whether it shrinks with GPUs, and the smallest change that fits, in words."""
-    gib, most, bound = estimate.GIB, estimate.GPU_COUNTS[-1], why.bound
+    gib, bound = estimate.GIB, why.bound
+    most = bound.most_gpus
     if bound.engine:
         lines = [f"why not, on {count} GPU(s): {bound.engine}"]
     else:
@@ -206,7 +254,7 @@ def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> timing.R
     return time_validation.machine_rates(coefficients, calibration, levers.num_processes, reward_s)
 
 
-def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: timing.Rates) -> None:
+def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: timing.Rates, recipe: guide.Recipe) -> None:
     """Seconds per phase and per step, throughput, and GPU-hours and cost of the guide's 1,000 steps."""
     step = setup.step
     print(f"\ntime per step, per GPU (predicted; {rates.source})")
@@ -214,11 +262,10 @@ def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: timing.R
     for phase, seconds in step.phases.items():
         print(f"  {phase:24} {readable(seconds):>9} s")
     print(f"  {'step':24} {readable(step.step_s):>9} s; the rollout {step.rollout_share:.0%} of it")
-    job = dataclasses.replace(guide.GUIDE_JOB, completion_tokens=setup.levers.max_completion_length)
-    print(cost_line(setup, job, args.price_per_gpu_hour, args.currency))
+    print(cost_line(setup, recipe, args.price_per_gpu_hour, args.currency))
 
 
-def cost_line(setup: plan.Setup, job: guide.Job, price: float | None, currency: str) -> str:
+def cost_line(setup: plan.Setup, job: guide.Recipe, price: float | None, currency: str) -> str:
     """Throughput per GPU and the GPU-hours of ``job`` on every GPU the setup holds; the cost where priced."""
     hours = setup.gpu_hours(job)
     line = (
@@ -249,9 +296,9 @@ ESTIMATE_EXAMPLES = """examples:
   python -m benchmarks estimate --shape 7b --hardware rtx4090 --levers model=lora --min-gpus
 """
 DEFAULTS = (
-    "Defaults, shared with sizing.md and the claims ledger: the guide's workload (8 completions of 1024 tokens "
-    "after a 256-token prompt a GPU), bfloat16, a reference model (beta 0.04) and a colocated vLLM engine whose "
-    "share is sized to the rollout unless vllm_gpu_memory_utilization is given."
+    "Defaults, shared with sizing.md and the claims ledger: the guide's step (one prompt's 8 completions of 1024 "
+    "tokens after a 256-token prompt, over every GPU together), bfloat16, a reference model (beta 0.04) and a "
+    "colocated vLLM engine whose share is sized to the rollout unless vllm_gpu_memory_utilization is given."
 )
 
 
@@ -262,7 +309,7 @@ def add_options(commands: argparse._SubParsersAction) -> None:
     guess.add_argument("--hardware", required=True, help="a hardware class of profiles/hardware.toml (below)")
     guess.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 or float16 (default bfloat16)")
     guess.add_argument(
-        "--prompt-tokens", type=int, default=GUIDE_PROMPT_TOKENS, help="prompt length (completions: the levers')"
+        "--gpus", type=int, help="trainer GPUs (default the levers' num_processes x num_machines, else 1)"
     )
     guess.add_argument(
         "--min-gpus",
@@ -285,6 +332,27 @@ def model_command(commands: argparse._SubParsersAction, name: str, help: str, ex
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     command.add_argument("--shape", required=True, help="a shape of profiles/shapes.toml (below)")
+    recipe = guide.GUIDE_RECIPE
+    command.add_argument(
+        "--global-batch",
+        type=positive,
+        default=recipe.global_batch,
+        help=f"completions an optimizer step, every rank together, whole groups of num_generations (default "
+        f"{recipe.global_batch}: the guide's one prompt)",
+    )
+    command.add_argument(
+        "--prompt-tokens", type=positive, default=recipe.prompt_tokens, help=f"default {recipe.prompt_tokens}"
+    )
+    command.add_argument(
+        "--mean-completion",
+        type=float,
+        default=0.0,
+        help="the completions' mean length, the levers' max_completion_length their longest (default: every one "
+        "runs to the longest)",
+    )
+    command.add_argument(
+        "--steps", type=positive, default=recipe.steps, help=f"optimizer steps (default {recipe.steps})"
+    )
     command.add_argument(
         "--levers",
         action="append",

@@ -11,7 +11,7 @@ import time
 from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.catalog.targets import PLAN_S
-from benchmarks.estimating import cost_line, model_command, parse_levers, why_not_lines
+from benchmarks.estimating import cost_line, model_command, recipe_levers, recipe_of, why_not_lines
 from benchmarks.model import estimate, guide, plan
 from benchmarks.report import sizing
 from benchmarks.report.time_validation import error_line
@@ -52,29 +52,29 @@ def prices(parser: argparse.ArgumentParser, given: list[str], cards: dict[str, p
     return found
 
 
-def asked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[plan.Ask, guide.Job]:
+def asked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> plan.Ask:
     shape_catalog = profiles.load_shapes()
     if args.shape not in shape_catalog:
         parser.error(f"--shape {args.shape!r}: not in profiles/shapes.toml ({', '.join(shape_catalog)})")
-    try:
-        levers, fixed = parse_levers([*args.levers, *([f"model={args.method}"] if args.method else [])])
-        job = guide.Job(args.steps, args.global_batch, levers.max_completion_length)
-    except (profiles.ProfileError, ValueError) as error:
-        parser.error(str(error))
-    return plan.Ask(shape_catalog[args.shape], levers, fixed), job
+    levers, fixed = recipe_levers(parser, [*args.levers, *([f"model={args.method}"] if args.method else [])])
+    return plan.Ask(shape_catalog[args.shape], levers, fixed, recipe_of(parser, args, levers))
 
 
 def run_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    ask, job = asked(parser, args)
+    ask = asked(parser, args)
+    job = ask.recipe
     cards = plan_cards(parser, args.classes)
     priced = prices(parser, args.price, cards)
     started = time.perf_counter()
     setups = plan.plan(ask, cards)
     searched_s = time.perf_counter() - started
-    print(
-        f"{args.shape} ({ask.shape.param_count() / 1e9:.4g}B params, {ask.dtype}): {job.line()}, "
-        f"{ask.prompt_tokens}-token prompts"
-    )
+    print(f"{args.shape} ({ask.shape.param_count() / 1e9:.4g}B params, {ask.dtype}): {job.line()}")
+    unfed = [c for c in estimate.GPU_COUNTS if c not in ask.fed_counts()]
+    if unfed:
+        print(
+            f"not offered: {', '.join(map(str, unfed))} trainer GPUs: the global batch of {job.global_batch} does not "
+            "split evenly over their ranks (--global-batch to change it)"
+        )
     fixed = ", ".join(f"{k}={guide.spelled(getattr(ask.base, k))}" for k in sorted(ask.fixed)) or "none"
     print(
         f"levers held: {fixed}; the rest chosen per row (method, optimizer, checkpointing, vLLM colocated, "
@@ -96,7 +96,9 @@ def run_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 COLUMNS = ("", "GPUs", "card", "levers", "peak/GPU", "spare", "s/step", "tok/s/GPU", "wall", "GPU-h", "cost")
 
 
-def print_rows(setups: list[plan.Setup], job: guide.Job, priced: dict[str, float], currency: str, every: bool) -> None:
+def print_rows(
+    setups: list[plan.Setup], job: guide.Recipe, priced: dict[str, float], currency: str, every: bool
+) -> None:
     """The rows ranked by wall time, the Pareto front marked *; without ``every`` the front and each card's fewest
     GPUs and fastest."""
     if not setups:
@@ -120,7 +122,7 @@ def print_rows(setups: list[plan.Setup], job: guide.Job, priced: dict[str, float
     print(f"  {cost_line(fastest, job, priced.get(fastest.card), currency)}")
 
 
-def _ends(setups: list[plan.Setup], job: guide.Job) -> list[plan.Setup]:
+def _ends(setups: list[plan.Setup], job: guide.Recipe) -> list[plan.Setup]:
     """Each card's fewest-GPU row and its fastest."""
     ends = []
     for card in dict.fromkeys(s.card for s in setups):
@@ -129,7 +131,7 @@ def _ends(setups: list[plan.Setup], job: guide.Job) -> list[plan.Setup]:
     return ends
 
 
-def _row(setup: plan.Setup, job: guide.Job, priced: dict[str, float], currency: str, front: bool) -> tuple:
+def _row(setup: plan.Setup, job: guide.Recipe, priced: dict[str, float], currency: str, front: bool) -> tuple:
     hours, price = setup.gpu_hours(job), priced.get(setup.card)
     count = f"{setup.levers.world_size}+{setup.server_gpus}" if setup.server_gpus else str(setup.gpus)
     return (
@@ -175,14 +177,6 @@ def add_options(commands: argparse._SubParsersAction) -> None:
         commands, "plan", "what to rent, how many, with which levers, how long, at what cost", PLAN_EXAMPLES
     )
     ask.add_argument("--method", choices=("full", "lora", "qlora"), help="hold the method (default: the fastest)")
-    ask.add_argument("--steps", type=int, default=guide.GUIDE_JOB.steps, help="optimizer steps (default 1000)")
-    ask.add_argument(
-        "--global-batch",
-        type=int,
-        default=guide.GUIDE_JOB.global_batch,
-        help="completions a step, all GPUs together (default the guide's 8): the work that wall time and cost are "
-        "counted for",
-    )
     ask.add_argument("--classes", help="cards or classes to weigh, comma-separated (default every GPU card)")
     ask.add_argument("--price", action="append", default=[], metavar="CARD_OR_CLASS=PRICE", help="a GPU-hour's price")
     ask.add_argument("--currency", default="USD", help="the prices' currency (default USD)")

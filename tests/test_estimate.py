@@ -87,16 +87,20 @@ def test_estimate_answers_how_many_gpus_a_size_class_needs(capsys):
     assert main(["estimate", "--shape", "72b", "--hardware", "h100", "--levers", levers, "--min-gpus"]) == 0
     out = capsys.readouterr().out
     count = int(out.split(" x NVIDIA")[0].rsplit(" ", 1)[-1])
-    assert count > 1 and "\nfits (predicted): peak" in out and "of 79.65 GiB per GPU" in out and f"{count} ranks" in out
-    # one statement of the workload, from the levers themselves
-    assert "per rank: 8 completions a step (1 prompt(s) x num_generations=8) of 256 prompt + 1024 completion" in out
+    assert count > 1 and "\nfits (predicted): peak" in out and "of 79.65 GiB per GPU" in out
+    # one statement of the step, the guide's, and each rank's share of it
+    assert "the step: 1,000 steps of 1 prompt(s) x 8 completions = 8 a step, 256-token prompts, completions of up to " \
+        "1024 tokens" in out  # fmt: skip
+    assert f"per rank: {8 // count} completions a step" in out and f"on each of {count} ranks" in out
 
 
 def test_estimate_states_the_workload_and_only_the_levers_that_differ_from_the_defaults(capsys):
     levers = "num_generations=4,per_device_train_batch_size=8,max_completion_length=32"
     assert main(["estimate", "--shape", "0.5b", "--hardware", "h100", "--levers", levers]) == 0
     out = capsys.readouterr().out
-    assert "per rank: 8 completions a step (2 prompt(s) x num_generations=4) of 256 prompt + 32 completion" in out
+    assert "the step: 1,000 steps of 2 prompt(s) x 4 completions = 8 a step, 256-token prompts, completions of up to " \
+        "32 tokens" in out  # fmt: skip
+    assert "per rank: 8 completions a step, micro-batches of 8 x gradient_accumulation_steps 1\n" in out
     assert "Levers(" not in out
     assert "levers beside the defaults: num_generations=4, max_completion_length=32\n" in out
 
@@ -111,21 +115,27 @@ def test_levers_accept_true_in_either_case_merge_when_repeated_and_refuse_two_va
 
 
 def test_seven_b_lora_on_a_24gb_card_says_why_not_and_what_would_fit_and_exits_non_zero(capsys):
-    assert main(["estimate", "--shape", "7b", "--hardware", "rtx4090", "--levers", "model=lora", "--min-gpus"]) == 1
+    assert main(["estimate", "--shape", "7b", "--hardware", "rtx4090", "--levers", "model=lora"]) == 1
     out = capsys.readouterr().out
-    assert "7b does not fit any count up to 64 x NVIDIA GeForce RTX 4090 (predicted)" in out
     assert "the binding term is activations" in out
-    assert "activations does not shrink with more GPUs" in out
+    # the guide's 8 completions spread over more ranks: each holds fewer completions' activations
+    assert "activations shrinks with more GPUs: 9.27 GiB per GPU on 8" in out
     change = out.split("the smallest change that fits: ")[1]
-    assert change.startswith("gradient_checkpointing=true: ") and "NVIDIA GeForce RTX 4090, LoRA" in change
-    assert "{" not in out  # no Python dict
+    assert change.startswith("more GPUs: 8 x NVIDIA GeForce RTX 4090, LoRA") and "{" not in out  # no Python dict
+    assert main(["estimate", "--shape", "7b", "--hardware", "rtx4090", "--levers", "model=lora", "--min-gpus"]) == 0
+    assert "on 8 x NVIDIA GeForce RTX 4090" in capsys.readouterr().out
+    more = ["--global-batch", "512", "--levers", "per_device_train_batch_size=8"]  # micro-batches of 8 however many
+    assert main(["estimate", "--shape", "7b", "--hardware", "rtx4090", "--levers", "model=lora", *more]) == 1
+    out = capsys.readouterr().out
+    assert "activations does not shrink with more GPUs" in out
+    assert out.split("the smallest change that fits: ")[1].startswith("gradient_checkpointing=true: ")
 
 
 def test_a_hint_names_the_configuration_that_results_in_words_not_a_ladder_label(capsys):
     assert main(["estimate", "--shape", "70b", "--hardware", "h200", "--levers", "model=qlora"]) == 1
     out = capsys.readouterr().out
     change = out.split("the smallest change that fits: ")[1].splitlines()[0]
-    assert change.startswith("gradient_checkpointing=true: 1 x NVIDIA H200, QLoRA, ")  # the user's QLoRA, kept
+    assert change.startswith("more GPUs: 4 x NVIDIA H200, QLoRA, ")  # the user's QLoRA, kept
     assert "{" not in out and ", full," not in change
 
 

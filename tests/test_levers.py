@@ -26,6 +26,7 @@ AWAY = Levers(
     num_generations=2,
     per_device_train_batch_size=2,
     gradient_accumulation_steps=2,
+    steps_per_generation=1,
     max_completion_length=8,
     learning_rate=3e-6,
     model="lora",

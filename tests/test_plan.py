@@ -56,7 +56,7 @@ def test_a_heavier_choice_never_fits_where_a_lighter_one_does_not(shape, card, c
 
 def test_a_dominated_row_is_off_the_pareto_front():
     setups = plan.plan(ask("7b"), {"h100": HARDWARE["h100"], "h200": HARDWARE["h200"]})
-    job = guide.GUIDE_JOB
+    job = guide.GUIDE_RECIPE
     front = plan.pareto(setups, job, {})
     assert front and len(front) < len(setups)
     for row in setups:
@@ -74,19 +74,49 @@ def test_a_fixed_lever_is_held_on_every_row():
     assert min(s.gpus for s in free) < min(s.gpus for s in setups)  # freed, a lighter method needs fewer
 
 
-def test_cost_counts_the_server_s_gpus_and_prices_the_same_work_on_any_count():
-    setups = plan.plan(ask("7b", vllm_mode="server"), {"h100": HARDWARE["h100"]})
-    served = [s for s in setups if s.server_gpus]
+def test_cost_counts_the_server_s_gpus_and_a_row_is_the_recipe_s_steps():
+    recipe = guide.Recipe.of_batch(256, 8)
+    asked = replace(ask("7b", vllm_mode="server"), recipe=recipe)
+    served = [s for s in plan.plan(asked, {"h100": HARDWARE["h100"]}) if s.server_gpus]
     assert served and all(s.gpus == s.levers.world_size + s.server_gpus for s in served)
     one = served[0]
-    job = guide.GUIDE_JOB
-    assert one.gpu_hours(job) == pytest.approx(one.gpus * one.wall_s(job) / 3600)
-    # the work is fixed: completion tokens of the job, whatever each setup generates a step
-    assert one.wall_s(job) == pytest.approx(job.tokens / one.tokens_per_s)
-    doubled = replace(job, global_batch=2 * job.global_batch)
-    assert one.gpu_hours(doubled) == pytest.approx(2 * one.gpu_hours(job))
-    on_one, on_eight = (plan.fastest(ask("7b"), HARDWARE["h100"], "h100", n) for n in (1, 8))
-    assert on_eight.wall_s(job) < on_one.wall_s(job)  # more GPUs, the same work sooner
+    assert one.gpu_hours(recipe) == pytest.approx(one.gpus * one.wall_s(recipe) / 3600)
+    assert one.wall_s(recipe) == pytest.approx(recipe.steps * one.step.step_s)
+    levers = one.levers
+    assert levers.world_size * levers.per_device_train_batch_size * levers.gradient_accumulation_steps == 256
+
+
+def test_at_a_fixed_global_batch_more_gpus_shorten_the_step_and_lower_tokens_a_second_per_gpu():
+    asked = replace(ask("7b", model="lora"), recipe=guide.Recipe.of_batch(256, 8))
+    on = {n: plan.fastest(asked, HARDWARE["h100"], "h100", n) for n in (1, 8, 64)}
+    assert on[1].step.step_s > on[8].step.step_s > on[64].step.step_s
+    per_gpu = {n: setup.tokens_per_s / setup.gpus for n, setup in on.items()}
+    assert per_gpu[1] > per_gpu[8] > per_gpu[64]
+
+
+def test_a_count_the_global_batch_cannot_feed_is_not_offered(capsys):
+    setups = plan.plan(ask("0.5b"), {"h100": HARDWARE["h100"]})  # the guide's 8 completions a step
+    assert setups and {s.levers.world_size for s in setups} <= {1, 2, 4, 8}
+    assert main(["plan", "--shape", "0.5b", "--classes", "h100"]) == 0
+    assert "not offered: 16, 24, 32, 48, 64 trainer GPUs: the global batch of 8" in capsys.readouterr().out
+
+
+def step_seconds(out: str) -> str:
+    return re.search(r"^  step\s+(\S+) s;", out, re.MULTILINE).group(1)
+
+
+def test_the_plan_and_estimate_agree_on_every_row_the_plan_prints(capsys):
+    command = ["--shape", "7b", "--global-batch", "256"]
+    assert main(["plan", *command, "--classes", "h100"]) == 0
+    printed = re.findall(r"^\*?\s+(\d+)(?:\+(\d+))?\s+h100\s+.*?\s(\S+) s\s", capsys.readouterr().out, re.MULTILINE)
+    asked = replace(ask("7b"), recipe=guide.Recipe.of_batch(256, 8))
+    rows = {(s.levers.world_size, s.server_gpus): s for s in plan.plan(asked, {"h100": HARDWARE["h100"]})}
+    assert len(printed) > 3
+    for trainer, server, seconds in printed:
+        setup = rows[(int(trainer), int(server or 0))]
+        levers = guide.differing(replace(setup.levers, gradient_accumulation_steps=1), guide.GUIDE_BASE)
+        assert main(["estimate", *command, "--hardware", "h100", "--gpus", trainer, "--levers", levers]) == 0
+        assert step_seconds(capsys.readouterr().out) == seconds, (trainer, server, levers)
 
 
 def test_a_card_where_nothing_fits_says_why_and_the_command_exits_non_zero(capsys):

@@ -154,7 +154,7 @@ def test_a_grpo_matrix_runs_every_combination_then_each_extra(profile_dir):
         (("configuration_timeout_s = 60", "configuration_timeout_s = 0"), r"grpo.configuration_timeout_s: must be"),
         (
             ("num_generations = 2", "num_generations = 3"),
-            r"per_device_train_batch_size 4 x 1 rank\(s\) x gradient_accumulation_steps 1 = 4, is not a multiple",
+            r"per_device_train_batch_size 4 x 1 rank\(s\) x steps_per_generation 1 = 4, is not a multiple",
         ),
         (("num_generations = 2", "num_generations = 2\nmax_completion_length = 0"), r"max_completion_length: 0 is"),
         (

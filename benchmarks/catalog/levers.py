@@ -102,8 +102,13 @@ class Levers:
     per_device_train_batch_size: int = lever(
         4, GRPO_CONFIG, "completions in one forward and backward on this device", positive, "positive"
     )
-    gradient_accumulation_steps: int = lever(
-        1, GRPO_CONFIG, "micro-batches per optimizer step, all generated in one rollout", positive, "positive"
+    gradient_accumulation_steps: int = lever(1, GRPO_CONFIG, "micro-batches per optimizer step", positive, "positive")
+    steps_per_generation: int | None = lever(
+        None,
+        GRPO_CONFIG,
+        "micro-batches one rollout generates (unset: gradient_accumulation_steps, TRL's default: one a step)",
+        lambda v: v is None or v > 0,
+        "unset or positive",
     )
     max_completion_length: int = lever(32, GRPO_CONFIG, "every completion is exactly this long", positive, "positive")
     learning_rate: float = lever(1e-6, GRPO_CONFIG, "the optimizer's learning rate", positive, "positive")
@@ -167,6 +172,11 @@ class Levers:
         return self.model in PEFT_MODELS
 
     @property
+    def generation_steps(self) -> int:
+        """The micro-batches one rollout generates: steps_per_generation, TRL's default where unset."""
+        return self.steps_per_generation or self.gradient_accumulation_steps
+
+    @property
     def world_size(self) -> int:
         return self.num_processes * self.num_machines
 
@@ -226,11 +236,11 @@ def check_levers(levers: Levers, file: str, key: str) -> None:
 def combination_problem(levers: Levers) -> str | None:
     """Why these levers cannot run together, or None."""
     world, kind = levers.world_size, levers.distributed_type
-    generation_batch = levers.per_device_train_batch_size * world * levers.gradient_accumulation_steps
+    generation_batch = levers.per_device_train_batch_size * world * levers.generation_steps
     if generation_batch % levers.num_generations:
         return (
             f"the generation batch, per_device_train_batch_size {levers.per_device_train_batch_size} x {world} "
-            f"rank(s) x gradient_accumulation_steps {levers.gradient_accumulation_steps} = {generation_batch}, is not "
+            f"rank(s) x steps_per_generation {levers.generation_steps} = {generation_batch}, is not "
             f"a multiple of num_generations {levers.num_generations} (TRL's generation batch holds whole groups)"
         )
     if kind == "no" and world > 1:

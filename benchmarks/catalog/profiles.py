@@ -99,6 +99,7 @@ class Hardware:
     flops_source: str | None = None
     host_link_gb_s: float | None = None  # device <-> host, one direction
     gpu_link_gb_s: float | None = None  # GPU <-> GPU in one machine, one direction (None: through the host link)
+    node_link_gb_s: float | None = None  # a GPU's share of its machine's network to the others, one direction
     link_source: str | None = None
     # Detection (benchmarks.catalog.machines.classify): words of a CUDA device's name that make it this class (the
     # closest memory wins among classes sharing one), the profile such a machine runs by default, the one it runs

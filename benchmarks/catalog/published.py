@@ -69,6 +69,7 @@ class Mapping:
     prompt_tokens: int
     gpus: int
     approximations: str = ""
+    mean_completion: float = 0.0  # the completions' mean length where the source states it (0: all at the longest)
 
 
 @dataclass(frozen=True)

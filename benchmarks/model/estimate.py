@@ -433,8 +433,9 @@ GPU_COUNTS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 def on_gpus(levers: Levers, count: int) -> Levers:
     """``levers`` over ``count`` GPUs: up to 8 ranks a machine; many ranks with no distributed type
     given run ZeRO-3 (TRL's recipe for large models); a colocated engine split over a machine's ranks
-    (tensor parallel), as TRL's ``vllm_tensor_parallel_size`` does."""
-    machines = max(1, count // 8)
+    (tensor parallel), as TRL's ``vllm_tensor_parallel_size`` does. Levers already on ``count`` GPUs keep their
+    split into machines."""
+    machines = levers.num_machines if levers.world_size == count else max(1, count // 8)
     ranks = count // machines
     kind = levers.distributed_type if count == 1 or levers.distributed_type != "no" else "zero3"
     tp = (

@@ -4,7 +4,7 @@ up, and the unit of work that cost is counted in."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from benchmarks.catalog.levers import GUIDE_LEVERS, GUIDE_PROMPT_TOKENS, Levers, differences
 from benchmarks.catalog.profiles import Hardware
@@ -57,33 +57,74 @@ def engine_share(
 
 
 @dataclass(frozen=True)
-class Job:
-    """The work a plan is priced for: ``steps`` optimizer steps of ``global_batch`` completions of
-    ``completion_tokens`` each. A setup whose ranks together generate more or fewer completions a step is
-    priced by the completion tokens it produces, so that 1 GPU and 64 are compared on the same work."""
+class Recipe:
+    """The user's step, the unit every answer prices: ``prompts`` a step of ``generations`` completions each (the
+    global batch, over every data-parallel rank together), the prompt's tokens, the completions' longest and mean
+    (0: every one runs to the longest), and the job's steps. A setup's seconds a step are one optimizer step of
+    this batch over its GPUs; its wall time ``steps`` of them."""
 
-    steps: int = 1000
-    global_batch: int = GUIDE_LEVERS.per_device_train_batch_size  # the guide's step: one prompt's 8 completions
+    prompts: int = 1
+    generations: int = GUIDE_LEVERS.num_generations
+    prompt_tokens: int = GUIDE_PROMPT_TOKENS
     completion_tokens: int = GUIDE_LEVERS.max_completion_length
+    mean_completion: float = 0.0
+    steps: int = 1000
 
     def __post_init__(self) -> None:
-        for field in fields(self):
-            if getattr(self, field.name) <= 0:
-                raise ValueError(f"{field.name} must be positive, got {getattr(self, field.name)}")
+        for name in ("prompts", "generations", "prompt_tokens", "completion_tokens", "steps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.mean_completion <= self.completion_tokens:
+            raise ValueError(
+                f"the mean completion, {self.mean_completion:g}, must lie between 0 and the longest, "
+                f"{self.completion_tokens}"
+            )
+
+    @classmethod
+    def of_batch(cls, global_batch: int, generations: int, **given: float) -> Recipe:
+        """The recipe of ``global_batch`` completions a step, whole groups of ``generations``."""
+        if global_batch <= 0 or global_batch % generations:
+            raise ValueError(
+                f"a global batch of {global_batch} completions is not whole groups of num_generations {generations}"
+            )
+        return cls(global_batch // generations, generations, **given)
 
     @property
-    def tokens(self) -> int:
+    def global_batch(self) -> int:
+        return self.prompts * self.generations
+
+    @property
+    def mean_tokens(self) -> float:
+        return self.mean_completion or self.completion_tokens
+
+    @property
+    def tokens(self) -> float:
         """Completion tokens the whole job generates."""
-        return self.steps * self.global_batch * self.completion_tokens
+        return self.steps * self.global_batch * self.mean_tokens
+
+    def per_rank(self, ranks: int) -> int | None:
+        """The completions each of ``ranks`` data-parallel ranks trains on a step; None where the batch does not
+        split evenly (a rank would idle or TRL would refuse it)."""
+        share, rest = divmod(self.global_batch, ranks)
+        return share if share and not rest else None
+
+    def levers(self, base: Levers) -> Levers:
+        """``base`` with this recipe's generations and longest completion."""
+        return replace(base, num_generations=self.generations, max_completion_length=self.completion_tokens)
+
+    def workload(self, levers: Levers) -> Workload:
+        return Workload.from_levers(levers, self.prompt_tokens, mean_completion=self.mean_completion)
 
     def line(self) -> str:
+        mean = f" (mean {self.mean_completion:g})" if self.mean_completion else ""
         return (
-            f"{self.steps:,} steps of {self.global_batch} completions x {self.completion_tokens} tokens "
+            f"{self.steps:,} steps of {self.prompts} prompt(s) x {self.generations} completions = {self.global_batch} "
+            f"a step, {self.prompt_tokens}-token prompts, completions of up to {self.completion_tokens} tokens{mean} "
             f"({self.tokens / 1e6:,.4g} million completion tokens)"
         )
 
 
-GUIDE_JOB = Job()  # GPU-hours "per 1,000 steps" everywhere: of this work
+GUIDE_RECIPE = Recipe()  # the guide's step (one prompt's 8 completions), 1,000 of them: "per 1,000 steps" everywhere
 
 
 def differing(levers: Levers, base: Levers) -> str:

@@ -48,11 +48,12 @@ class Setup:
         """Completion tokens a second of the whole setup (every trainer rank's rollout)."""
         return self.step.completion_tokens * self.levers.world_size / self.step.step_s
 
-    def wall_s(self, job: guide.Job) -> float:
-        return job.tokens / self.tokens_per_s
+    def wall_s(self, recipe: guide.Recipe) -> float:
+        """``recipe``'s steps, each one optimizer step of its global batch over the setup's GPUs."""
+        return recipe.steps * self.step.step_s
 
-    def gpu_hours(self, job: guide.Job) -> float:
-        return self.gpus * self.wall_s(job) / 3600
+    def gpu_hours(self, recipe: guide.Recipe) -> float:
+        return self.gpus * self.wall_s(recipe) / 3600
 
     def words(self) -> str:
         return guide.in_words(self.levers, self.server_gpus)
@@ -60,17 +61,21 @@ class Setup:
 
 @dataclass(frozen=True)
 class Ask:
-    """What a plan is asked: the shape, the levers it starts from and those the user fixed, the prompt length."""
+    """What a plan is asked: the shape, the levers it starts from and those the user fixed, the recipe (its step's
+    global batch, lengths and steps)."""
 
     shape: Shape
     base: Levers = guide.GUIDE_BASE
     fixed: frozenset[str] = frozenset()
-    prompt_tokens: int = guide.GUIDE_WORKLOAD.prompt_tokens
+    recipe: guide.Recipe = guide.GUIDE_RECIPE
     dtype: str = guide.GUIDE_DTYPE
 
+    @property
+    def prompt_tokens(self) -> int:
+        return self.recipe.prompt_tokens
+
     def predict(self, levers: Levers, hardware: Hardware) -> Estimate:
-        work = Workload.from_levers(levers, self.prompt_tokens)
-        return estimate(self.shape, self.dtype, levers, work, hardware, malloc_fixed=True)
+        return estimate(self.shape, self.dtype, levers, self.recipe.workload(levers), hardware, malloc_fixed=True)
 
     def fits(self, levers: Levers, hardware: Hardware) -> Estimate | None:
         """The estimate where ``levers`` run together and fit ``hardware``, else None."""
@@ -81,12 +86,24 @@ class Ask:
 
     def step(self, levers: Levers, rates: Rates) -> StepTime:
         """The time model's step; the phases' work is the same on every card, so it is counted once."""
-        work = _phase_work(self.shape, self.dtype, replace(levers, vllm_gpu_memory_utilization=1.0), self.prompt_tokens)
-        return timed(work, rates, Workload.from_levers(levers, self.prompt_tokens), levers.world_size)
+        unshared = replace(levers, vllm_gpu_memory_utilization=1.0)
+        work = _phase_work(self.shape, self.dtype, unshared, self.prompt_tokens, self.recipe.mean_completion)
+        return timed(work, rates, self.recipe.workload(levers), levers.world_size)
 
-    def on(self, levers: Levers, count: int, hardware: Hardware) -> Levers:
-        """``levers`` on ``count`` trainer GPUs, the colocated engine's share set by the one rule."""
+    def fed_counts(self) -> tuple[int, ...]:
+        """The trainer GPU counts of ``GPU_COUNTS`` whose ranks the recipe's global batch splits over evenly."""
+        return tuple(c for c in GPU_COUNTS if self.recipe.per_rank(on_gpus(self.base, c).world_size))
+
+    def on(self, levers: Levers, count: int, hardware: Hardware) -> Levers | None:
+        """``levers`` on ``count`` trainer GPUs, each rank its share of the recipe's global batch in micro-batches
+        of the largest size, at most the levers', that splits it evenly; the colocated engine's share set by the one
+        rule. None where the batch does not split evenly over the ranks."""
         spread = on_gpus(levers, count)
+        share = self.recipe.per_rank(spread.world_size)
+        if share is None:
+            return None
+        micro = max(b for b in range(1, min(share, levers.per_device_train_batch_size) + 1) if share % b == 0)
+        spread = replace(spread, per_device_train_batch_size=micro, gradient_accumulation_steps=share // micro)
         if "vllm_tensor_parallel_size" in self.fixed:
             spread = replace(spread, vllm_tensor_parallel_size=levers.vllm_tensor_parallel_size)
         fixed = "vllm_gpu_memory_utilization" in self.fixed
@@ -94,27 +111,26 @@ class Ask:
 
 
 @functools.lru_cache(maxsize=4096)
-def _phase_work(shape: Shape, dtype: str, levers: Levers, prompt_tokens: int) -> dict[str, Work]:
-    return phase_work(shape, dtype, levers, Workload.from_levers(levers, prompt_tokens))
+def _phase_work(shape: Shape, dtype: str, levers: Levers, prompt_tokens: int, mean: float = 0.0) -> dict[str, Work]:
+    return phase_work(shape, dtype, levers, Workload.from_levers(levers, prompt_tokens, mean_completion=mean))
 
 
 def _axes(ask: Ask, ranks: int) -> dict[str, tuple]:
     """The values each free lever may take on ``ranks`` trainer GPUs; a fixed lever keeps the user's value."""
     base, fixed = ask.base, ask.fixed
-    rollout = base.per_device_train_batch_size * base.gradient_accumulation_steps
     axes: dict[str, tuple] = {
         "model": MODELS,
         "optim": ("adamw_torch", "adamw_8bit"),
         "gradient_checkpointing": (False, True),
         "engine": ENGINES if base.use_vllm else ("generate",),
         "distributed_type": ("ddp", "zero3") if ranks > 1 else ("no",),
-        "per_device_train_batch_size": tuple(b for b in (8, 4, 2, 1) if b <= rollout and rollout % b == 0),
+        "per_device_train_batch_size": tuple(b for b in (8, 4, 2, 1) if b <= ask.recipe.global_batch),
     }
     if fixed & set(ENGINE_LEVERS):
         axes["engine"] = (_engine_of(base),)
     if ranks not in GPU_COUNTS:  # only a server beside a trainer makes this count
         axes["engine"] = tuple(e for e in axes["engine"] if e == "server")
-    if fixed & {"per_device_train_batch_size", "gradient_accumulation_steps"}:
+    if "per_device_train_batch_size" in fixed:
         axes["per_device_train_batch_size"] = (base.per_device_train_batch_size,)
     for name in fixed & axes.keys():
         axes[name] = (getattr(base, name),)
@@ -128,15 +144,12 @@ def _engine_of(levers: Levers) -> str:
 
 
 def _with(ask: Ask, choice: dict) -> Levers:
-    """The base with one choice of every axis applied; the rollout a rank generates stays the base's."""
-    base = ask.base
-    rollout = base.per_device_train_batch_size * base.gradient_accumulation_steps
-    levers = {k: v for k, v in choice.items() if k not in ("engine", "per_device_train_batch_size")}
+    """The base with one choice of every axis applied (the micro-batch at most the chosen size: ``Ask.on``)."""
+    levers = {k: v for k, v in choice.items() if k != "engine"}
     if choice["engine"] != "generate":
         levers |= dict(use_vllm=True, vllm_mode="server" if choice["engine"] == "server" else "colocate",
                        vllm_enable_sleep_mode=choice["engine"] == "sleep")  # fmt: skip
-    micro = choice["per_device_train_batch_size"]
-    return replace(base, **levers, per_device_train_batch_size=micro, gradient_accumulation_steps=rollout // micro)
+    return replace(ask.base, **levers)
 
 
 def lightest(ask: Ask) -> Levers:
@@ -154,13 +167,14 @@ def placements(ask: Ask, levers: Levers, count: int, hardware: Hardware) -> Iter
     split over each machine's ranks (``on_gpus``); a server on the fewest GPUs of ``SERVER_GPUS`` that hold its
     engine, beside a trainer on the rest."""
     if not (levers.use_vllm and levers.vllm_mode == "server"):
-        if count in GPU_COUNTS:
-            yield ask.on(levers, count, hardware), 0
+        placed = ask.on(levers, count, hardware) if count in GPU_COUNTS else None
+        if placed is not None:
+            yield placed, 0
         return
     for server in (s for s in SERVER_GPUS if count - s in GPU_COUNTS):
         served = replace(levers, vllm_server_tensor_parallel_size=server, vllm_gpu_memory_utilization=SERVER_SHARE)
         trainer = ask.on(served, count - server, hardware)
-        if ask.predict(trainer, hardware).engine_cannot_start is None:
+        if trainer is not None and ask.predict(trainer, hardware).engine_cannot_start is None:
             yield trainer, server
             return
 
@@ -281,9 +295,7 @@ def _changed(levers: Levers, change: dict) -> Levers | None:
     """``levers`` with ``change``; None where it changes nothing or cannot apply."""
     change = dict(change)
     if "micro_batch" in change:
-        rollout = levers.per_device_train_batch_size * levers.gradient_accumulation_steps
-        change = {k: v for k, v in change.items() if k != "micro_batch"}
-        change |= {"per_device_train_batch_size": 1, "gradient_accumulation_steps": rollout}
+        change = {k: v for k, v in change.items() if k != "micro_batch"} | {"per_device_train_batch_size": 1}
     if (change.get("vllm_enable_sleep_mode") or "vllm_mode" in change) and not levers.use_vllm:
         return None
     changed = replace(levers, **change)
@@ -293,22 +305,25 @@ def _changed(levers: Levers, change: dict) -> Levers | None:
 @dataclass(frozen=True)
 class Binding:
     """What binds ``count`` GPUs of a card: the estimate's peak, its largest term in the peak phase, that term on
-    64 GPUs, and why an engine cannot start where it cannot."""
+    the most GPUs the recipe feeds (``most_gpus``, up to 64), and why an engine cannot start where it cannot."""
 
     term: str
     term_bytes: float
     peak: float
     most_gpus_bytes: float
     engine: str | None
+    most_gpus: int = GPU_COUNTS[-1]
 
 
 def binding(ask: Ask, hardware: Hardware, count: int) -> Binding:
-    """The binding term of ``ask.base`` on ``count`` GPUs of ``hardware``, and the same term on 64."""
-    there = ask.predict(ask.on(ask.base, count, hardware), hardware)
-    at_most = ask.predict(ask.on(ask.base, GPU_COUNTS[-1], hardware), hardware)
+    """The binding term of ``ask.base`` on ``count`` GPUs of ``hardware``, and the same term on the most GPUs (up
+    to 64) whose ranks the recipe's batch feeds."""
+    fed = ask.fed_counts()
+    there = ask.predict(ask.on(ask.base, max(c for c in fed if c <= count), hardware), hardware)
+    at_most = ask.predict(ask.on(ask.base, fed[-1], hardware), hardware)
     term, term_bytes = max(there.phases[there.peak_phase].items(), key=lambda item: item[1])
     most = at_most.phases.get(there.peak_phase, {}).get(term, term_bytes)
-    return Binding(term, term_bytes, there.peak, most, there.engine_cannot_start)
+    return Binding(term, term_bytes, there.peak, most, there.engine_cannot_start, fed[-1])
 
 
 def why_not(ask: Ask, hardware: Hardware, card: str, count: int = 1) -> WhyNot:

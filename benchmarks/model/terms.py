@@ -71,14 +71,17 @@ CPU_DEEPSPEED_TRANSIENT_GRADIENTS = 1.0
 
 @dataclass(frozen=True)
 class Workload:
-    """What one rank processes: the loss's micro-batch (``completions``: per_device_train_batch_size) and
-    the rollout that generates every micro-batch of an optimizer step at once (``generated``: TRL's
-    per_device_train_batch_size x steps_per_generation, which defaults to gradient_accumulation_steps)."""
+    """What one rank processes: the loss's micro-batch (``completions``: per_device_train_batch_size), the rollout
+    that generates several micro-batches at once (``generated``: TRL's per_device_train_batch_size x
+    steps_per_generation, which defaults to gradient_accumulation_steps) and the rollouts an optimizer step
+    takes (``rollouts``: gradient_accumulation_steps / steps_per_generation; under 1 where one serves several)."""
 
     completions: int
     prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: int  # the longest a completion may be (max_completion_length)
     generated: int = 0  # 0: one micro-batch
+    mean_completion: float = 0.0  # the completions' mean length; 0: every one at ``completion_tokens``
+    rollouts: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("completions", "completion_tokens"):
@@ -87,13 +90,24 @@ class Workload:
         for name in ("prompt_tokens", "generated"):  # 0: no prompt (a per-position measure); one micro-batch
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
+        if not 0 <= self.mean_completion <= self.completion_tokens:
+            raise ValueError(
+                f"mean completion {self.mean_completion:g} must be between 0 and the longest, {self.completion_tokens}"
+            )
 
     @classmethod
-    def from_levers(cls, levers: Levers, prompt_tokens: int, completion_tokens: int | None = None) -> Workload:
+    def from_levers(
+        cls, levers: Levers, prompt_tokens: int, completion_tokens: int | None = None, mean_completion: float = 0.0
+    ) -> Workload:
         """The workload the levers define, TRL's way."""
         length = levers.max_completion_length if completion_tokens is None else completion_tokens
-        generated = levers.per_device_train_batch_size * levers.gradient_accumulation_steps
-        return cls(levers.per_device_train_batch_size, prompt_tokens, length, generated)
+        generated = levers.per_device_train_batch_size * levers.generation_steps
+        rollouts = levers.gradient_accumulation_steps / levers.generation_steps
+        return cls(levers.per_device_train_batch_size, prompt_tokens, length, generated, mean_completion, rollouts)
+
+    @property
+    def mean_completion_tokens(self) -> float:
+        return self.mean_completion or self.completion_tokens
 
     @property
     def positions(self) -> int:
@@ -101,7 +115,13 @@ class Workload:
 
     @property
     def rollout_sequences(self) -> int:
+        """The sequences one rollout generates."""
         return self.generated or self.completions
+
+    @property
+    def step_sequences(self) -> float:
+        """The sequences one optimizer step trains on."""
+        return self.rollout_sequences * self.rollouts
 
 
 @dataclass

@@ -5,16 +5,19 @@ Each phase is work over a rate. ``phase_work`` counts the work from the shape, t
 coefficients fitted on one named run (``fit``), on a GPU class from its catalogued peaks times an efficiency
 stated with its source (``assumed_rates``), an assumption until a run on that class replaces it.
 
-- rollout: prefill's FLOPs; per decode step the bytes it moves (every weight, the batch's KV cache) and its
-  FLOPs, added (a bound, not an overlap), and a per-step overhead (each layer's eager kernel launches and
-  dispatch, or vLLM's per-step engine work); TRL's whole generation batch (every micro-batch of the step) at
-  once; with vLLM colocated the policy's weights copied into the engine each step, asleep their transfer to
-  and from the host, on a server their broadcast.
+- rollout: by the engine that runs it (``engine_of``): a colocated vLLM engine decodes its tensor-parallel
+  group's sequences, a server every rank's, transformers' generate a rank's own. Prefill's FLOPs (a prompt once
+  for its generations under vLLM's prefix cache); each decode step the longer of its bytes (1 / TP of the
+  weights, the live sequences' KV cache) and its FLOPs at their rates, plus a per-step overhead (eager kernel
+  launches and dispatch, or vLLM's engine step) and TP's all-reduces. The rollout lasts until its longest
+  completion ends, the batch thinning as shorter ones do (``live_sequences``). With vLLM colocated the policy's
+  weights are copied into the engine each step, asleep moved to and from the host, on a server broadcast.
 - logprob: a forward without gradients over the generation batch for the old policy (vLLM's importance
-  sampling) and one for the reference (beta > 0).
+  sampling) and one for the reference (beta > 0), ZeRO-3 gathering the weights for each micro-batch.
 - forward_backward: 6 FLOPs a parameter a token (8 with checkpointing's recompute; LoRA's frozen weights
-  skip their weight gradients: 4, or 6), attention's own FLOPs, and ZeRO's collectives (2 model copies a
-  step for stages 1 and 2, 3 for stage 3: the ZeRO paper's count).
+  skip their weight gradients: 4, or 6) over micro-batches padded to their longest completion, attention's
+  own FLOPs, and the ranks' collectives (``collective_work``), over NVLink in a machine and each GPU's share
+  of the network between machines.
 - optimizer: AdamW reads parameters, gradients and two states and writes three; 8-bit AdamW's states are a
   byte each, and on a CPU its blockwise (de)quantisation costs a fitted time a parameter on top.
 - reward: the completions times the seconds a completion of the reward that runs (the rewards part's figure).
@@ -23,13 +26,14 @@ stated with its source (``assumed_rates``), an assumption until a run on that cl
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, fields
 
 import numpy as np
 
 from benchmarks.catalog.profiles import Hardware, Levers
 from benchmarks.catalog.shapes import Shape
-from benchmarks.model.bandwidth import decode_step_bytes
+from benchmarks.model.bandwidth import decode_step_bytes, kv_bytes_per_token
 from benchmarks.model.estimate import (
     DTYPE_BYTES,
     LORA_TARGETS,
@@ -58,7 +62,6 @@ def dequantised(shape: Shape, levers: Levers, passes: float) -> Work:
 # gradients, 3 input gradients: the first layer's input needs none), 2 FLOPs a multiply-add.
 CALIBRATION_FLOPS = 8 * 11 * 2 * 512 * 576 * 1536
 PHASES = ("rollout", "sleep_wake", "reward", "logprob", "forward_backward", "optimizer")
-ZERO_COPIES = {"zero1": 2, "zero2": 2, "zero3": 3, "ddp": 2, "fsdp2": 3}  # model copies moved per step
 
 
 @dataclass(frozen=True)
@@ -67,20 +70,32 @@ class Work:
 
     flops: float = 0.0  # matmul and attention FLOPs
     bytes: float = 0.0  # bytes streamed through memory (decode's weights and KV, the optimizer's states)
+    # runs of alike decode steps, each (steps, FLOPs a step, bytes a step): a step takes the longer of its FLOPs
+    # and its bytes (it is bound by one or the other, both overlap), not their sum
+    roofline: tuple[tuple[float, float, float], ...] = ()
     layer_passes: float = 0.0  # a layer run once eagerly: its kernel launches, its Python dispatch
     adapter_passes: float = 0.0  # a LoRA adapter run once eagerly (seven a layer, on every linear)
     engine_steps: float = 0.0  # vLLM decode steps: its scheduler and sampler
-    link_bytes: float = 0.0  # bytes between ranks (ZeRO) or to a vLLM server
+    link_bytes: float = 0.0  # bytes between ranks of one machine (ZeRO, tensor parallelism) or to a vLLM server
+    network_bytes: float = 0.0  # bytes between ranks of different machines, per GPU
+    collectives: float = 0.0  # small collectives whose latency, not their bytes, costs (TP's all-reduces)
     host_bytes: float = 0.0  # bytes between device and host (sleep mode)
     quantised_params: float = 0.0  # parameters 8-bit AdamW (de)quantises
     faulted_bytes: float = 0.0  # fresh pages a CPU maps and zero-fills each step (glibc's thresholds fixed)
     completions: float = 0.0  # completions the reward scores
 
     def __add__(self, other: Work) -> Work:
-        return Work(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Work)))
+        return Work(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(Work)})
 
     def __mul__(self, times: float) -> Work:
-        return Work(*(getattr(self, f.name) * times for f in fields(Work)))
+        scaled = {f.name: getattr(self, f.name) * times for f in fields(Work) if f.name != "roofline"}
+        return Work(**scaled, roofline=tuple((steps * times, f, b) for steps, f, b in self.roofline))
+
+    def bound(self, flop_s: float, bytes_s: float) -> tuple[float, float]:
+        """The decode runs' FLOPs where they bind at these rates, and their bytes where those do."""
+        flops = sum(steps * f for steps, f, b in self.roofline if f / flop_s >= b / bytes_s)
+        nbytes = sum(steps * b for steps, f, b in self.roofline if f / flop_s < b / bytes_s)
+        return flops, nbytes
 
 
 @dataclass(frozen=True)
@@ -97,16 +112,28 @@ class Rates:
     quantised_param_s: float  # seconds a parameter of 8-bit AdamW's (de)quantisation
     faulted_bytes_s: float  # fresh pages mapped and zero-filled per second
     reward_s: float = 0.0  # seconds a completion of the reward that runs
+    network_bytes_s: float = float("inf")  # per GPU between machines
+    # a decode step takes the longer of its FLOPs and bytes (a GPU's kernels overlap them); False: their sum, as
+    # this suite's CPU runs fit better (held out: 34% worst against 36%), eager generate at their small sizes
+    overlapped: bool = True
+    collective_s: float = 0.0  # a small collective's latency
     source: str = ""
+
+    def roofline_s(self, work: Work) -> float:
+        join = max if self.overlapped else (lambda a, b: a + b)
+        return sum(steps * join(flops / self.flop_s, nbytes / self.bytes_s) for steps, flops, nbytes in work.roofline)
 
     def seconds(self, work: Work) -> float:
         return (
             work.flops / self.flop_s
             + work.bytes / self.bytes_s
+            + self.roofline_s(work)
             + work.layer_passes * self.layer_pass_s
             + work.adapter_passes * self.adapter_pass_s
             + work.engine_steps * self.engine_step_s
             + work.link_bytes / self.link_bytes_s
+            + work.network_bytes / self.network_bytes_s
+            + work.collectives * self.collective_s
             + work.host_bytes / self.host_bytes_s
             + work.quantised_params * self.quantised_param_s
             + work.faulted_bytes / self.faulted_bytes_s
@@ -140,40 +167,136 @@ def weight_bytes(shape: Shape, dtype: str, levers: Levers) -> float:
     return qlora_weight_bytes(shape, b) if levers.model == "qlora" else shape.param_count() * b
 
 
-def rollout_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> dict[str, Work]:
-    """The rollout of the whole generation batch, and sleep mode's transfers."""
-    sequences, prompt, steps = work.rollout_sequences, work.prompt_tokens, work.completion_tokens
+def exponential_scale(mean: float, longest: int) -> float:
+    """The scale of completion lengths drawn from an exponential cut at ``longest`` (a completion that reaches it
+    stops there) whose mean is ``mean``: mu (1 - exp(-longest / mu)) = mean; inf where every completion runs to
+    the longest. RL completions are skewed this way: most end early, a few run to the cap."""
+    if mean >= longest:
+        return math.inf
+    cut_mean = lambda mu: mu * -math.expm1(-longest / mu)  # noqa: E731
+    low, high = mean, 2.0 * mean
+    while cut_mean(high) < mean and high < 1e12 * longest:
+        low, high = high, 2 * high
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if cut_mean(middle) < mean else (low, middle)
+    return high
+
+
+def live_sequences(sequences: int, longest: int, mean: float) -> np.ndarray:
+    """Sequences an engine still decodes at each of its decode steps: all of them until the longest ends where
+    every completion runs to ``longest``; else the batch thins as completions end (lengths exponential with the
+    given mean, ``exponential_scale``), the rollout lasting until its longest completion ends (on average mu H_n
+    for n exponential lengths, at most ``longest``), the last one decoding alone."""
+    scale = exponential_scale(mean, longest)
+    if math.isinf(scale):
+        return np.full(longest, float(sequences))
+    harmonic = float(np.sum(1.0 / np.arange(1, sequences + 1)))
+    steps = max(1, min(longest, math.ceil(scale * harmonic)))
+    return np.maximum(1.0, sequences * np.exp(-np.arange(steps) / scale))
+
+
+SEGMENTS = 16  # a rollout's decode steps priced in this many runs of alike steps
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One inference engine's rollout: the sequences it decodes together, over ``tensor_parallel`` GPUs, each
+    prompt's ``generations`` sharing its prefill (vLLM's prefix cache) or not (``shared_prefill``)."""
+
+    sequences: int
+    tensor_parallel: int = 1
+    generations: int = 1
+    shared_prefill: bool = False
+
+
+def decode_work(shape: Shape, per_byte: float, engine: Engine, work: Workload) -> Work:
+    """Every decode step of one GPU of ``engine``: the weights it holds (1 / TP of them) and the KV cache of the
+    live sequences (its share of the KV heads) read, against 1 / TP of the step's FLOPs, the larger of the two
+    deciding (``Work.roofline``); each step two all-reduces a layer of the live batch's hidden states where
+    TP > 1."""
+    tp = engine.tensor_parallel
+    live = live_sequences(engine.sequences, work.completion_tokens, work.mean_completion_tokens)
+    kv_split = min(tp, shape.num_key_value_heads)
+    width = shape.num_attention_heads * shape.head_dim
     n = matmul_params(shape)
-    weights = weight_bytes(shape, dtype, levers)
-    per_byte = weights / shape.param_count()
-    midway = decode_step_bytes(shape, per_byte, sequences, prompt + steps // 2)
-    decode_flops = (
-        2 * n * sequences * steps
-        + attention_flops(shape, sequences, prompt + steps)
-        - attention_flops(shape, sequences, prompt)
-    )
-    prefill = Work(flops=2 * n * sequences * prompt + attention_flops(shape, sequences, prompt))
-    prefill += dequantised(shape, levers, 1)
-    decode = Work(flops=decode_flops, bytes=steps * midway.total) + dequantised(shape, levers, steps * (sequences > 1))
-    if levers.distributed_type == "zero3" and levers.ds3_gather_for_generation and levers.world_size > 1:
-        prefill += Work(link_bytes=weights * (levers.world_size - 1) / levers.world_size)  # gathered to generate
-    if not levers.use_vllm:
-        return {"rollout": prefill + decode + eager_passes(shape, levers, steps + 1)}
-    engine = prefill + decode + Work(engine_steps=steps + 1)
-    if levers.vllm_mode == "server":
-        engine += Work(link_bytes=weights)  # the policy's weights broadcast to the server each step
-    else:
-        engine += Work(bytes=2 * weights)  # copied into the colocated engine: read and written
-    out = {"rollout": engine}
-    if levers.vllm_enable_sleep_mode:
-        out["sleep_wake"] = Work(host_bytes=2 * weights)  # offloaded after the rollout, back before the next
+    runs = []
+    for block in np.array_split(np.arange(len(live)), min(SEGMENTS, len(live))):
+        batch = float(live[block].mean())
+        context = work.prompt_tokens + float(block.mean()) + 1
+        step = decode_step_bytes(shape, per_byte, max(1, round(batch)), 0)
+        kv = batch * (context + 1) * kv_bytes_per_token(shape, per_byte)
+        flops = 2 * n * batch + 4 * shape.num_hidden_layers * width * context * batch
+        runs.append((float(len(block)), flops / tp, step.weights / tp + kv / kv_split))
+    out = Work(roofline=tuple(runs))
+    if tp > 1:
+        reduced = 2 * shape.num_hidden_layers * shape.hidden_size * 2 * float(live.sum())  # bf16 activations
+        out += Work(link_bytes=2 * (tp - 1) / tp * reduced, collectives=2 * shape.num_hidden_layers * len(live))
     return out
 
 
+def prefill_work(shape: Shape, engine: Engine, work: Workload) -> Work:
+    """The prompts' forward on one GPU of ``engine``: a prompt once for all its generations where they share it."""
+    prompts = engine.sequences / engine.generations if engine.shared_prefill else engine.sequences
+    n = matmul_params(shape)
+    flops = 2 * n * prompts * work.prompt_tokens + attention_flops(shape, prompts, work.prompt_tokens)
+    return Work(flops=flops / engine.tensor_parallel)
+
+
+def engine_of(levers: Levers, work: Workload) -> Engine:
+    """The engine a rank's rollout runs on: transformers' generate on the rank's own sequences; a colocated vLLM
+    engine over ``vllm_tensor_parallel_size`` ranks, decoding all their sequences (TRL gathers the group's
+    prompts); a server decoding every rank's, split over its data-parallel engines."""
+    if not levers.use_vllm:
+        return Engine(work.rollout_sequences)
+    if levers.vllm_mode == "server":
+        sequences = work.rollout_sequences * levers.world_size
+        engines = levers.vllm_server_data_parallel_size
+        tp = levers.vllm_server_tensor_parallel_size
+        return Engine(math.ceil(sequences / engines), tp, levers.num_generations, shared_prefill=True)
+    tp = levers.vllm_tensor_parallel_size
+    return Engine(work.rollout_sequences * tp, tp, levers.num_generations, shared_prefill=True)
+
+
+def rollout_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> dict[str, Work]:
+    """The rollout of the whole generation batch by the engine that runs it (``engine_of``), and sleep mode's
+    transfers."""
+    weights = weight_bytes(shape, dtype, levers)
+    engine = engine_of(levers, work)
+    decode = decode_work(shape, weights / shape.param_count(), engine, work)
+    steps = len(live_sequences(engine.sequences, work.completion_tokens, work.mean_completion_tokens))
+    prefill = prefill_work(shape, engine, work) + dequantised(shape, levers, 1)
+    decode += dequantised(shape, levers, steps * (engine.sequences > 1))
+    if levers.distributed_type == "zero3" and levers.ds3_gather_for_generation and levers.world_size > 1:
+        prefill += gathered(levers, weights)  # every partition gathered to generate (or to sync the engine)
+    if not levers.use_vllm:
+        return {"rollout": (prefill + decode + eager_passes(shape, levers, steps + 1)) * work.rollouts}
+    engine_work = prefill + decode + Work(engine_steps=steps + 1)
+    if levers.vllm_mode == "server":
+        engine_work += Work(link_bytes=weights)  # the policy's weights broadcast to the server each step
+    else:
+        engine_work += Work(bytes=2 * weights / engine.tensor_parallel)  # copied into its engine: read and written
+    out = {"rollout": engine_work * work.rollouts}
+    if levers.vllm_enable_sleep_mode:
+        out["sleep_wake"] = Work(host_bytes=2 * weights / engine.tensor_parallel) * work.rollouts  # to the host, back
+    return out
+
+
+def gathered(levers: Levers, nbytes: float, times: float = 1.0) -> Work:
+    """An all-gather (or reduce-scatter) of ``nbytes`` over every rank, ``times`` over: each rank sends and receives
+    all but its own share, over NVLink within a machine, over the network between machines (each GPU's own NIC:
+    a ring crossing machines runs at its slowest hop)."""
+    n = levers.world_size
+    moved = nbytes * (n - 1) / n * times
+    return Work(network_bytes=moved) if levers.num_machines > 1 else Work(link_bytes=moved)
+
+
 def training_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> dict[str, Work]:
-    """Log-probs, forward and backward, the optimizer: over every micro-batch of the step."""
-    length = work.prompt_tokens + work.completion_tokens
-    sequences = work.rollout_sequences
+    """Log-probs, forward and backward, the optimizer: over every micro-batch of the step. TRL pads each micro-batch
+    to its longest completion: with lengths below the maximum, the longest of ``completions`` of them."""
+    longest = len(live_sequences(work.completions, work.completion_tokens, work.mean_completion_tokens))
+    length = work.prompt_tokens + longest
+    sequences = work.step_sequences
     micro_batches = sequences / work.completions
     forward = (
         Work(flops=2 * matmul_params(shape) * sequences * length + attention_flops(shape, sequences, length))
@@ -188,13 +311,48 @@ def training_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> d
     if logprob_forwards:
         out["logprob"] = forward * logprob_forwards
     out["optimizer"] = optimizer_work(shape, dtype, levers)
-    copies = ZERO_COPIES.get(levers.distributed_type)
-    if copies and levers.world_size > 1:
-        share = (levers.world_size - 1) / levers.world_size
-        model = trainable_params(shape, levers) * DTYPE_BYTES[dtype] * copies * share
-        out["forward_backward"] += Work(link_bytes=model)
+    if levers.world_size > 1 and levers.distributed_type != "no":
+        collectives = collective_work(shape, dtype, levers, micro_batches, logprob_forwards)
+        for phase, moved in collectives.items():
+            out[phase] += moved
         if levers.distributed_type.startswith("zero"):  # DeepSpeed steps inside accelerate's backward
             out["forward_backward"] += out.pop("optimizer")
+    return out
+
+
+# DeepSpeed ZeRO-3 keeps a gathered parameter whose next use comes within this many parameters of the trace
+# (``stage3_max_reuse_distance``, default 1e9), rather than releasing it and gathering it again
+ZERO3_REUSE_DISTANCE = 1e9
+
+
+def regathered_for_backward(shape: Shape) -> float:
+    """The share of the weights ZeRO-3 gathers again for the backward: a layer's weights are reused within the
+    reuse distance where the forward and backward of the layers after it hold fewer parameters (about twice the
+    parameters after it); checkpointing's recompute runs just before its layer's backward and shares the gather."""
+    return max(0.0, 1 - ZERO3_REUSE_DISTANCE / (2 * shape.param_count()))
+
+
+def collective_work(
+    shape: Shape, dtype: str, levers: Levers, micro_batches: float, logprob_forwards: int
+) -> dict[str, Work]:
+    """What the ranks exchange in a step. DDP all-reduces the accumulated gradients once (twice their bytes);
+    ZeRO-1 reduce-scatters them once and ZeRO-2 at every micro-batch, both gathering the updated parameters
+    once; ZeRO-3 and FSDP gather every weight, the frozen base included, for the forward of every micro-batch and
+    again for its backward (``regathered_for_backward``), and reduce-scatter the gradients at each (the ZeRO
+    paper's 3 copies a step for one micro-batch of a large model)."""
+    gradients = trainable_params(shape, levers) * DTYPE_BYTES[dtype]
+    kind = levers.distributed_type
+    if kind == "ddp":
+        return {"forward_backward": gathered(levers, gradients, 2)}
+    if kind in ("zero1", "zero2"):
+        reductions = micro_batches if kind == "zero2" else 1
+        return {"forward_backward": gathered(levers, gradients, reductions + 1)}
+    weights = weight_bytes(shape, dtype, levers)
+    gathers = 1 + regathered_for_backward(shape)
+    reduced = gathered(levers, gradients, micro_batches)
+    out = {"forward_backward": gathered(levers, weights, gathers * micro_batches) + reduced}
+    if logprob_forwards:
+        out["logprob"] = gathered(levers, weights, logprob_forwards * micro_batches)
     return out
 
 
@@ -221,7 +379,7 @@ def faulted_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> di
     b = DTYPE_BYTES[dtype]
     peft = levers.peft
     trainable = trainable_params(shape, levers) * trainable_element_bytes(levers, dtype)
-    positions = work.rollout_sequences * (work.prompt_tokens + work.completion_tokens)
+    positions = work.step_sequences * (work.prompt_tokens + work.completion_tokens)
     layer = layer_activation_bytes(shape, b, peft, lora_r=levers.lora_r)
     return {
         "forward_backward": Work(faulted_bytes=shape.num_hidden_layers * layer * positions + trainable),
@@ -234,7 +392,7 @@ def phase_work(shape: Shape, dtype: str, levers: Levers, work: Workload, malloc_
     under fixed glibc thresholds (``faulted_work``)."""
     found = {
         **rollout_work(shape, dtype, levers, work),
-        "reward": Work(completions=work.rollout_sequences),
+        "reward": Work(completions=work.step_sequences),
         **training_work(shape, dtype, levers, work),
     }
     if malloc_fixed:
@@ -249,7 +407,7 @@ class StepTime:
     """Predicted seconds per phase of one step of one rank, and what they add up to."""
 
     phases: dict[str, float]
-    completion_tokens: int  # generated by this rank in the step
+    completion_tokens: float  # generated by this rank in the step
     gpus: int
 
     @property
@@ -278,7 +436,7 @@ def step_time(
 def timed(phases: dict[str, Work], rates: Rates, work: Workload, gpus: int) -> StepTime:
     """Each phase's work at ``rates``: one rank's step."""
     seconds = {phase: rates.seconds(w) for phase, w in phases.items()}
-    return StepTime(seconds, work.rollout_sequences * work.completion_tokens, gpus)
+    return StepTime(seconds, work.step_sequences * work.mean_completion_tokens, gpus)
 
 
 # GPU classes: peaks times these efficiencies, each an assumption with its source until a run replaces it.
@@ -289,9 +447,13 @@ EAGER_ADAPTER_PASS_S = 4 * 7.5e-6  # a LoRA adapter: dropout, two matmuls, a sca
 # vLLM replays CUDA graphs; its scheduler and sampler still take a few milliseconds a decode step (assumed,
 # not measured by this suite yet: a GPU run's decode rows replace it)
 ENGINE_STEP_S = 2e-3
+# A tensor-parallel all-reduce of a decode step's few kilobytes is bound by latency, not bytes: NCCL's and vLLM's
+# custom all-reduce take some microseconds within an NVLink machine (assumed, as the others, until fitted)
+COLLECTIVE_S = 10e-6
 GPU_ASSUMPTIONS = (
     f"assumed: {TRAINING_MFU:.0%} of peak bf16 FLOP/s (MosaicML llm-foundry MFU), {DECODE_MBU:.0%} of spec "
-    f"bandwidth (Databricks MBU), {ENGINE_STEP_S * 1e3:g} ms a vLLM decode step, links at their spec"
+    f"bandwidth (Databricks MBU), {ENGINE_STEP_S * 1e3:g} ms a vLLM decode step, {COLLECTIVE_S * 1e6:g} us a "
+    "tensor-parallel all-reduce, links at their spec"
 )
 
 
@@ -309,6 +471,8 @@ def assumed_rates(hardware: Hardware, decode_gb_s: float | None = None, reward_s
         adapter_pass_s=EAGER_ADAPTER_PASS_S,
         engine_step_s=ENGINE_STEP_S,
         link_bytes_s=(hardware.gpu_link_gb_s or hardware.host_link_gb_s) * 1e9,
+        network_bytes_s=(hardware.node_link_gb_s or hardware.host_link_gb_s) * 1e9,
+        collective_s=COLLECTIVE_S,
         host_bytes_s=hardware.host_link_gb_s * 1e9,
         quantised_param_s=0.0,  # bitsandbytes' fused CUDA kernels: within the bytes
         faulted_bytes_s=float("inf"),  # a CPU's heap only
@@ -350,14 +514,16 @@ def calibration_units(work: Work, torch_s: float, python_s: float, gb_s: float, 
     """``work`` as seconds of the calibration's own kinds of work, in ``FITTED`` order; ``sharing``: ranks that
     split the machine's cores (the calibration's matmuls ran on all of them)."""
     matmul_s = torch_s * sharing / CALIBRATION_FLOPS
+    decode_flops = sum(steps * flops for steps, flops, _ in work.roofline)  # added, as ``measured_rates`` adds them
+    decode_bytes = sum(steps * nbytes for steps, _, nbytes in work.roofline)
     return np.array(
         [
-            work.flops * matmul_s,
-            work.bytes / (gb_s * 1e9),
+            (work.flops + decode_flops) * matmul_s,
+            (work.bytes + decode_bytes) / (gb_s * 1e9),
             work.layer_passes * python_s,
             work.adapter_passes * python_s,
             work.engine_steps * python_s,
-            work.link_bytes / (gb_s * 1e9),
+            (work.link_bytes + work.network_bytes) / (gb_s * 1e9),
             work.quantised_params * matmul_s,
             work.faulted_bytes / (gb_s * 1e9),
         ]
@@ -373,10 +539,12 @@ def measured_rates(
     return Rates(
         flop_s=1 / (c.flops * matmul_s),
         bytes_s=gb_s * 1e9 / c.bytes,
+        overlapped=False,
         layer_pass_s=c.layer_passes * python_s,
         adapter_pass_s=c.adapter_passes * python_s,
         engine_step_s=c.engine_steps * python_s,
         link_bytes_s=gb_s * 1e9 / c.link_bytes if c.link_bytes else float("inf"),
+        network_bytes_s=gb_s * 1e9 / c.link_bytes if c.link_bytes else float("inf"),
         host_bytes_s=gb_s * 1e9,
         quantised_param_s=c.quantised_params * matmul_s,
         faulted_bytes_s=gb_s * 1e9 / c.faulted_bytes if c.faulted_bytes else float("inf"),

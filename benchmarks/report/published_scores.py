@@ -36,8 +36,17 @@ class Score:
 
 
 def ask_of(mapping: published.Mapping) -> plan.Ask:
+    """The mapped setup as a plan's question: its levers, and the recipe its ranks' batches add up to."""
     base = replace(guide.GUIDE_BASE, **mapping.levers)
-    return plan.Ask(load_shapes()[mapping.shape], base, frozenset(mapping.levers), mapping.prompt_tokens)
+    per_rank = base.per_device_train_batch_size * base.gradient_accumulation_steps
+    recipe = guide.Recipe.of_batch(
+        per_rank * mapping.gpus,
+        base.num_generations,
+        prompt_tokens=mapping.prompt_tokens,
+        completion_tokens=base.max_completion_length,
+        mean_completion=mapping.mean_completion,
+    )
+    return plan.Ask(load_shapes()[mapping.shape], base, frozenset(mapping.levers), recipe)
 
 
 def score(entry: published.Entry) -> Score:
@@ -237,9 +246,10 @@ def time_parts(entry: published.Entry) -> tuple[float, float, float]:
     placed = ask.on(ask.base, mapping.gpus, hardware)
     rates = assumed_rates(hardware)
     work = plan._phase_work(ask.shape, ask.dtype, replace(placed, vllm_gpu_memory_utilization=1.0), ask.prompt_tokens)
-    flops = sum(w.flops for w in work.values()) / (hardware.peak_bf16_tflops * 1e12)
-    streamed = sum(w.bytes for w in work.values()) / (hardware.spec_bandwidth_gb_s * 1e9)
-    rest = sum(rates.seconds(replace(w, flops=0.0, bytes=0.0)) for w in work.values())
+    decode = [w.bound(rates.flop_s, rates.bytes_s) for w in work.values()]
+    flops = sum(w.flops + f for w, (f, _) in zip(work.values(), decode)) / (hardware.peak_bf16_tflops * 1e12)
+    streamed = sum(w.bytes + b for w, (_, b) in zip(work.values(), decode)) / (hardware.spec_bandwidth_gb_s * 1e9)
+    rest = sum(rates.seconds(replace(w, flops=0.0, bytes=0.0, roofline=())) for w in work.values())
     return flops, streamed, rest
 
 

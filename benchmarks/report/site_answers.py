@@ -16,7 +16,7 @@ from benchmarks.results.records import readable
 from benchmarks.results.schema import Result
 
 GUIDE_SIZES = tuple(sizing.GUIDE_SAYS)  # the size classes the guide's table names
-JOB = guide.GUIDE_JOB
+JOB = guide.GUIDE_RECIPE
 
 
 def gpu_classes() -> list[str]:

@@ -13,7 +13,7 @@ from benchmarks.catalog.levers import GUIDE_LEVERS, MODELS
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model import guide, plan
 from benchmarks.model.estimate import GIB, GPU_COUNTS, estimate, on_gpus
-from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_JOB, GUIDE_WORKLOAD, LADDER
+from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_RECIPE, GUIDE_WORKLOAD, LADDER
 from benchmarks.model.timing import GPU_ASSUMPTIONS, Rates
 from benchmarks.report import frames, time_tables
 from benchmarks.report.time_validation import FITTED_TIME_FILES
@@ -71,7 +71,8 @@ def predicted_cell(shape_name: str, hardware: Hardware) -> Cell | None:
             if predicted.fits(hardware.memory_gib * GIB):
                 fastest = None
                 if hardware.peak_bf16_tflops and hardware.gpu_class != "cpu":
-                    fastest = plan.fastest(plan.Ask(shape), hardware, hardware.name, count)
+                    every_gpu = replace(GUIDE_RECIPE, prompts=count)  # the guide's step on each GPU, as the cell
+                    fastest = plan.fastest(plan.Ask(shape, recipe=every_gpu), hardware, hardware.name, count)
                 return Cell(count, label + (", ZeRO-3" if count > 1 else ""), predicted.peak, levers, fastest)
     return None
 
@@ -146,7 +147,7 @@ def predicted_text(size: str, gpu_class: str, hardware: Hardware, rates: Rates |
     timed, step = "", None
     if rates is not None:
         step = time_tables.cell_time(size, GUIDE_DTYPE, cell.levers, GUIDE_WORKLOAD, rates)
-        hours = GUIDE_JOB.tokens / (step.tokens_per_s_per_gpu * 3600)  # every GPU held: the same work, sooner
+        hours = GUIDE_RECIPE.tokens / (step.tokens_per_s_per_gpu * 3600)  # every GPU held: the same work, sooner
         timed = f"; {time_tables.cell_text(step)}, {hours:,.4g} GPU-h"
     if gpu_class == "cpu":
         return f"{cell.label} ({cell.peak / GIB:.0f} GiB, {spare}{timed}; predicted)", True, cell.count
@@ -155,7 +156,7 @@ def predicted_text(size: str, gpu_class: str, hardware: Hardware, rates: Rates |
     if fastest is not None and step is not None and fastest.step.step_s < 0.99 * step.step_s:
         text += (
             f"; fastest: {fastest.words()} (~{time_tables.seconds_text(fastest.step.step_s)} s/step, "
-            f"{fastest.gpu_hours(GUIDE_JOB):,.4g} GPU-h)"
+            f"{GUIDE_RECIPE.tokens * fastest.gpus / (fastest.tokens_per_s * 3600):,.4g} GPU-h)"
         )
     return text + " (predicted)", True, cell.count
 
@@ -290,7 +291,7 @@ def sizing_notes() -> list[str]:
         "A class of several cards is sized and timed on its smallest (the column names it): a faster member "
         "(the 24GB-class's RTX 4090 beside its L4) takes fewer seconds; `python -m benchmarks plan` weighs every "
         "card. "
-        f"GPU-h: GPU-hours for {GUIDE_JOB.line()}, every GPU held counted, whatever the setup's own batch. "
+        f"GPU-h: GPU-hours for {GUIDE_RECIPE.line()}, every GPU held counted, whatever the setup's own batch. "
         "Where another lever set on as many GPUs is faster than the lightest (`plan`'s search: method, optimizer, "
         "checkpointing, "
         "vLLM colocated, asleep or a server, DDP or ZeRO-3, micro-batch), the cell names it as the fastest.",
