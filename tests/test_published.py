@@ -8,6 +8,8 @@ import pytest
 from benchmarks import REPO
 from benchmarks.catalog import published
 from benchmarks.catalog.levers import ProfileError
+from benchmarks.catalog.profiles import load_hardware
+from benchmarks.model import calibration, timing
 from benchmarks.report import published_scores, tables
 from benchmarks.report.time_validation import error_line
 
@@ -71,19 +73,36 @@ def test_each_mapped_entry_is_scored_and_each_unmapped_one_says_why():
             assert score.predicted > 0 and score.ratio == score.predicted / score.entry.stated.value
 
 
-def calibrated(entry):
-    return dataclasses.replace(entry, role="calibration", id=entry.id + "-as-calibration")
-
-
 def test_a_held_out_entry_never_reaches_the_fit():
-    timed = [e for e in ENTRIES if e.kind == "time" and e.mapping]
-    assert published_scores.fit_efficiencies(ENTRIES) is None  # no calibration time entry is committed
-    assert published_scores.fit_efficiencies(timed) is None
-    made = [calibrated(e) for e in timed[:3]]
-    fitted = published_scores.fit_efficiencies(made)
-    assert fitted is not None and set(fitted.entries) == {e.id for e in made}
-    assert 0 < fitted.training_mfu and 0 < fitted.decode_mbu
-    assert published_scores.fit_efficiencies(made + timed) == fitted  # held-out ones change nothing
+    fitted = calibration.fit(ENTRIES)
+    decode = [e for e in ENTRIES if e.kind == "decode" and e.mapping]
+    assert set(fitted.fitted_on) == {e.id for e in decode if e.role == "calibration"} and len(fitted.fitted_on) >= 12
+    held = [dataclasses.replace(e, role="held-out") for e in decode]
+    assert calibration.fit(held) == timing.ASSUMED  # nothing to fit: the assumptions stand
+    wild = [dataclasses.replace(e, id=e.id + "-wild", figures={e.figure: dataclasses.replace(e.stated, value=1e-3)})
+            for e in held]  # fmt: skip
+    assert calibration.fit(ENTRIES + wild) == fitted  # held-out figures, however far off, change nothing
+
+
+def test_the_fit_recovers_the_constants_that_made_the_figures():
+    truth = timing.GpuConstants(training_mfu=0.4, decode_mbu=0.55, engine_step_s=3.5e-3)
+    hardware = load_hardware()
+    made = []
+    for e in calibration.calibration_entries(ENTRIES):
+        seconds = calibration.decode_seconds(e, timing.assumed_rates(hardware[e.mapping.card], constants=truth))
+        figure = dataclasses.replace(e.stated, value=calibration.as_stated(e, seconds))
+        made.append(dataclasses.replace(e, figures={e.figure: figure}))
+    fitted = calibration.fit(made)
+    assert fitted.decode_mbu == pytest.approx(0.55, rel=0.02)
+    assert fitted.engine_step_s == pytest.approx(3.5e-3, rel=0.02)
+    assert fitted.training_mfu == timing.ASSUMED.training_mfu  # no decode figure fits training's FLOPs
+
+
+def test_decode_figures_come_from_three_projects_on_two_gpu_classes_and_are_predicted_within_1_25x():
+    fitted = calibration.calibration_entries(ENTRIES)
+    assert len({e.source.split("-")[0] for e in fitted}) >= 3 and len({e.mapping.card for e in fitted}) >= 2
+    ratios = [s.ratio for s in published_scores.scores() if s.entry in fitted]
+    assert all(1 / 1.25 < r < 1.25 for r in ratios), ratios
 
 
 def test_published_md_regenerates_with_the_targets_met_or_missed_and_both_roles_grouped(tmp_path):
@@ -100,4 +119,4 @@ def test_published_md_regenerates_with_the_targets_met_or_missed_and_both_roles_
 def test_estimate_on_a_gpu_class_states_its_published_error():
     assert error_line("h100").startswith("error on published figures of this class")
     assert "seconds a step predicted at" in error_line("h100") and "fewest GPUs matched on" in error_line("h100")
-    assert "not known on this class" in error_line("h200")
+    assert "not known on this class" in error_line("24gb")

@@ -154,7 +154,8 @@ def test_estimate_prints_seconds_throughput_gpu_hours_and_cost(capsys):
     out = capsys.readouterr().out
     for text in ("time per step, per GPU", "forward_backward", "completion tokens/s per GPU", "GPU-hours for 1,000"):
         assert text in out
-    assert "at 4 USD a GPU-hour" in out and "USD per million completion tokens" in out and "assumed: 40%" in out
+    assert "at 4 USD a GPU-hour" in out and "USD per million completion tokens" in out
+    assert "published calibration figures" in out and "40% of peak bf16 FLOP/s (assumed)" in out
 
 
 def test_estimate_refuses_a_negative_price(capsys):

@@ -24,10 +24,11 @@ KINDS = {
     "min_gpus": ("GPUs",),  # the fewest GPUs that run the setup
     "time": ("s", "seconds"),  # seconds an optimizer step
     "throughput": ("tokens/s/GPU",),  # tokens a second per GPU
+    "decode": ("tokens/s", "ms"),  # an inference engine's batch: its output tokens a second, or its whole time
     "context": ("tokens", "K tokens"),  # the longest context a setup trains at
     "relative": ("%", "x", "GB"),  # a saving or a ratio against another setup (sleep mode's, a loss's)
 }
-SCORED = ("memory", "min_gpus", "time", "throughput")  # the kinds the models predict: only these are mapped
+SCORED = ("memory", "min_gpus", "time", "throughput", "decode")  # the kinds the models predict: only these are mapped
 UNIT_BYTES = {"GB": 1e9, "GiB": 2**30}
 
 
@@ -70,6 +71,8 @@ class Mapping:
     gpus: int
     approximations: str = ""
     mean_completion: float = 0.0  # the completions' mean length where the source states it (0: all at the longest)
+    sequences: int = 0  # decode: the engine's batch, over ``gpus`` GPUs in tensor parallel
+    completion_tokens: int = 0  # decode: the tokens each sequence generates
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,8 @@ def _check(entry: Entry, where: str) -> None:
         raise ProfileError(f"{where}: give a mapping or, where none is possible, unmapped with the reason")
     if entry.mapping is not None:
         _check_mapping(entry.mapping, where)
+        if entry.kind == "decode" and not (entry.mapping.sequences > 0 and entry.mapping.completion_tokens > 0):
+            raise ProfileError(f"{where}: mapping: a decode figure needs its sequences and completion_tokens")
 
 
 def _check_mapping(mapping: Mapping, where: str) -> None:

@@ -21,7 +21,7 @@ from benchmarks.catalog.profiles import (
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.bandwidth import decode_step_bytes
 from benchmarks.model.estimate import DTYPE_BYTES, GIB, MODELLED_OPTIMIZERS, Workload, as_run, estimate
-from benchmarks.model.timing import DECODE_MBU, TRAINING_MFU, Rates, assumed_rates, step_time
+from benchmarks.model.timing import Rates, assumed_rates, gpu_constants, step_time
 
 
 @dataclass(frozen=True)
@@ -84,10 +84,11 @@ def predicted_fits(profile: Profile) -> list[PredictedFit]:
 # colocated engine started and its CUDA graphs captured) and an engine's start in the decode part; a GPU run's
 # pace replaces the whole prediction with its own time (benchmarks.run.pace).
 SETUP_S = 120.0
-PREDICTED_BASIS = (
-    f"predicted: the time model at {TRAINING_MFU:.0%} of peak FLOP/s and {DECODE_MBU:.0%} of spec bandwidth, "
-    f"{SETUP_S:g} s to start each worker"
-)
+
+
+def predicted_basis() -> str:
+    """What a GPU class's predicted run time rests on."""
+    return f"predicted: the time model ({gpu_constants().words()}), {SETUP_S:g} s to start each worker"
 
 
 def predicted_part_s(profile: Profile, part: str, names: Sequence[str] | None = None) -> float | None:

@@ -258,20 +258,27 @@ def engine_of(levers: Levers, work: Workload) -> Engine:
     return Engine(work.rollout_sequences * tp, tp, levers.num_generations, shared_prefill=True)
 
 
+def generation_work(shape: Shape, per_byte: float, engine: Engine, work: Workload) -> Work:
+    """A vLLM engine's whole generation on one of its GPUs: the prompts' prefill, every decode step, and the engine's
+    own work each step (the prefill's included)."""
+    steps = len(live_sequences(engine.sequences, work.completion_tokens, work.mean_completion_tokens))
+    return prefill_work(shape, engine, work) + decode_work(shape, per_byte, engine, work) + Work(engine_steps=steps + 1)
+
+
 def rollout_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> dict[str, Work]:
     """The rollout of the whole generation batch by the engine that runs it (``engine_of``), and sleep mode's
     transfers."""
     weights = weight_bytes(shape, dtype, levers)
     engine = engine_of(levers, work)
-    decode = decode_work(shape, weights / shape.param_count(), engine, work)
+    per_byte = weights / shape.param_count()
     steps = len(live_sequences(engine.sequences, work.completion_tokens, work.mean_completion_tokens))
-    prefill = prefill_work(shape, engine, work) + dequantised(shape, levers, 1)
-    decode += dequantised(shape, levers, steps * (engine.sequences > 1))
+    extra = dequantised(shape, levers, 1 + steps * (engine.sequences > 1))
     if levers.distributed_type == "zero3" and levers.ds3_gather_for_generation and levers.world_size > 1:
-        prefill += gathered(levers, weights)  # every partition gathered to generate (or to sync the engine)
+        extra += gathered(levers, weights)  # every partition gathered to generate (or to sync the engine)
     if not levers.use_vllm:
-        return {"rollout": (prefill + decode + eager_passes(shape, levers, steps + 1)) * work.rollouts}
-    engine_work = prefill + decode + Work(engine_steps=steps + 1)
+        eager = prefill_work(shape, engine, work) + decode_work(shape, per_byte, engine, work)
+        return {"rollout": (eager + extra + eager_passes(shape, levers, steps + 1)) * work.rollouts}
+    engine_work = generation_work(shape, per_byte, engine, work) + extra
     if levers.vllm_mode == "server":
         engine_work += Work(link_bytes=weights)  # the policy's weights broadcast to the server each step
     else:
@@ -439,7 +446,8 @@ def timed(phases: dict[str, Work], rates: Rates, work: Workload, gpus: int) -> S
     return StepTime(seconds, work.step_sequences * work.mean_completion_tokens, gpus)
 
 
-# GPU classes: peaks times these efficiencies, each an assumption with its source until a run replaces it.
+# GPU classes: peaks times these efficiencies, each an assumption with its source until published calibration
+# figures (``GpuConstants``) or a run on the class replace it.
 TRAINING_MFU = 0.40  # dense training MFU on H100 BF16, 40-46% for 7B-70B (MosaicML llm-foundry throughput tables)
 DECODE_MBU = 0.70  # decode at 60-85% of peak bandwidth in good inference stacks (Databricks' MBU)
 EAGER_LAYER_PASS_S = 20 * 7.5e-6  # eager: ~20 kernels a layer at 5-10 us a launch (launch-bound eager decode)
@@ -447,6 +455,39 @@ EAGER_ADAPTER_PASS_S = 4 * 7.5e-6  # a LoRA adapter: dropout, two matmuls, a sca
 # vLLM replays CUDA graphs; its scheduler and sampler still take a few milliseconds a decode step (assumed,
 # not measured by this suite yet: a GPU run's decode rows replace it)
 ENGINE_STEP_S = 2e-3
+
+
+@dataclass(frozen=True)
+class GpuConstants:
+    """What turns a GPU class's catalogued peaks into the time model's rates: the share of peak FLOP/s training
+    reaches, the share of spec bandwidth decode reaches, and a vLLM decode step's own seconds; assumed, or fitted
+    on the published calibration figures named (``benchmarks.model.calibration``)."""
+
+    training_mfu: float = TRAINING_MFU
+    decode_mbu: float = DECODE_MBU
+    engine_step_s: float = ENGINE_STEP_S
+    fitted_on: tuple[str, ...] = ()
+
+    def words(self) -> str:
+        """The basis of every GPU figure, for the tables and the answers."""
+        if not self.fitted_on:
+            return GPU_ASSUMPTIONS
+        flops = "assumed" if self.training_mfu == TRAINING_MFU else "fitted"
+        return (
+            f"fitted on {len(self.fitted_on)} published calibration figures (results/tables/published.md): "
+            f"{self.decode_mbu:.0%} of spec bandwidth and {self.engine_step_s * 1e3:.3g} ms a vLLM decode step; "
+            f"{self.training_mfu:.0%} of peak bf16 FLOP/s ({flops}); {COLLECTIVE_S * 1e6:g} us a tensor-parallel "
+            "all-reduce and links at their spec (assumed)"
+        )
+
+
+def gpu_constants() -> GpuConstants:
+    """The constants every GPU answer uses: fitted on the committed calibration figures."""
+    from benchmarks.model import calibration  # the fit prices published figures with this module's work
+
+    return calibration.fitted()
+
+
 # A tensor-parallel all-reduce of a decode step's few kilobytes is bound by latency, not bytes: NCCL's and vLLM's
 # custom all-reduce take some microseconds within an NVLink machine (assumed, as the others, until fitted)
 COLLECTIVE_S = 10e-6
@@ -455,21 +496,25 @@ GPU_ASSUMPTIONS = (
     f"bandwidth (Databricks MBU), {ENGINE_STEP_S * 1e3:g} ms a vLLM decode step, {COLLECTIVE_S * 1e6:g} us a "
     "tensor-parallel all-reduce, links at their spec"
 )
+ASSUMED = GpuConstants()
 
 
-def assumed_rates(hardware: Hardware, decode_gb_s: float | None = None, reward_s: float = 0.0) -> Rates:
-    """A GPU class's rates from its catalogued peaks; ``decode_gb_s`` replaces its assumed bandwidth
-    (DGX Spark's 180-192 GB/s budget)."""
+def assumed_rates(
+    hardware: Hardware, decode_gb_s: float | None = None, reward_s: float = 0.0, constants: GpuConstants | None = None
+) -> Rates:
+    """A GPU class's rates from its catalogued peaks at ``constants`` (default: the fitted ones); ``decode_gb_s``
+    replaces its bandwidth (DGX Spark's 180-192 GB/s budget)."""
     if not (hardware.peak_bf16_tflops and hardware.spec_bandwidth_gb_s and hardware.host_link_gb_s):
         raise ValueError(f"{hardware.name}: no peak FLOP/s, bandwidth or host link in profiles/hardware.toml")
-    gb_s = decode_gb_s or DECODE_MBU * hardware.spec_bandwidth_gb_s
-    basis = f"{decode_gb_s:g} GB/s" if decode_gb_s else GPU_ASSUMPTIONS
+    c = constants or gpu_constants()
+    gb_s = decode_gb_s or c.decode_mbu * hardware.spec_bandwidth_gb_s
+    basis = f"{decode_gb_s:g} GB/s" if decode_gb_s else c.words()
     return Rates(
-        flop_s=TRAINING_MFU * hardware.peak_bf16_tflops * 1e12,
+        flop_s=c.training_mfu * hardware.peak_bf16_tflops * 1e12,
         bytes_s=gb_s * 1e9,
         layer_pass_s=EAGER_LAYER_PASS_S,
         adapter_pass_s=EAGER_ADAPTER_PASS_S,
-        engine_step_s=ENGINE_STEP_S,
+        engine_step_s=c.engine_step_s,
         link_bytes_s=(hardware.gpu_link_gb_s or hardware.host_link_gb_s) * 1e9,
         network_bytes_s=(hardware.node_link_gb_s or hardware.host_link_gb_s) * 1e9,
         collective_s=COLLECTIVE_S,

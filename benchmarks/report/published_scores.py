@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from benchmarks.catalog import published
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.catalog.targets import PUBLISHED_WITHIN
-from benchmarks.model import guide, plan
-from benchmarks.model.timing import DECODE_MBU, GPU_ASSUMPTIONS, TRAINING_MFU, assumed_rates
+from benchmarks.model import calibration, guide, plan
+from benchmarks.model.timing import ASSUMED, assumed_rates
 from benchmarks.results.records import Target, readable
 
 
@@ -61,6 +61,9 @@ def score(entry: published.Entry) -> Score:
         if found is None:
             return Score(entry, reason="no count up to 64 fits, predicted")
         return Score(entry, float(found.gpus))
+    if entry.kind == "decode":
+        seconds = calibration.decode_seconds(entry, assumed_rates(hardware))
+        return Score(entry, calibration.as_stated(entry, seconds), rollout_s=seconds)
     placed = ask.on(ask.base, mapping.gpus, hardware)
     if entry.kind == "memory":
         return Score(entry, ask.predict(placed, hardware).peak / published.UNIT_BYTES[entry.stated.unit])
@@ -157,6 +160,7 @@ KIND_TITLES = {
     "min_gpus": "Fewest GPUs",
     "time": "Seconds a step",
     "throughput": "Tokens a second per GPU",
+    "decode": "An inference engine's batch (decode)",
 }
 
 
@@ -228,75 +232,32 @@ def _markdown(header: tuple[str, ...], rows: list[tuple]) -> str:
     return "\n".join(out + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows])
 
 
-@dataclass(frozen=True)
-class Fitted:
-    """The GPU efficiencies the calibration entries give, and the entries they came from."""
-
-    training_mfu: float
-    decode_mbu: float
-    entries: tuple[str, ...]
-
-
-def time_parts(entry: published.Entry) -> tuple[float, float, float]:
-    """An entry's predicted step in three parts: seconds of its FLOPs at the card's peak, of its bytes at the
-    spec bandwidth, and the rest at the assumed rates."""
-    mapping = entry.mapping
-    hardware = load_hardware()[mapping.card]
-    ask = ask_of(mapping)
-    placed = ask.on(ask.base, mapping.gpus, hardware)
-    rates = assumed_rates(hardware)
-    work = plan._phase_work(ask.shape, ask.dtype, replace(placed, vllm_gpu_memory_utilization=1.0), ask.prompt_tokens)
-    decode = [w.bound(rates.flop_s, rates.bytes_s) for w in work.values()]
-    flops = sum(w.flops + f for w, (f, _) in zip(work.values(), decode)) / (hardware.peak_bf16_tflops * 1e12)
-    streamed = sum(w.bytes + b for w, (_, b) in zip(work.values(), decode)) / (hardware.spec_bandwidth_gb_s * 1e9)
-    rest = sum(rates.seconds(replace(w, flops=0.0, bytes=0.0, roofline=())) for w in work.values())
-    return flops, streamed, rest
-
-
-def fit_efficiencies(entries: list[published.Entry]) -> Fitted | None:
-    """TRAINING_MFU and DECODE_MBU by least squares of the relative error over the mapped ``calibration`` time
-    entries (held-out ones are dropped here, before anything is fitted); None with fewer than two, or where the
-    fit is not positive."""
-    calibration = [e for e in entries if e.role == "calibration" and e.kind == "time" and e.mapping is not None]
-    if len(calibration) < 2:
-        return None
-    rows, targets_ = [], []
-    for e in calibration:
-        flops, streamed, rest = time_parts(e)
-        measured = e.stated.value
-        rows.append((flops / measured, streamed / measured))
-        targets_.append(1 - rest / measured)
-    (a, b), (c, d) = (
-        (sum(r[0] * r[0] for r in rows), sum(r[0] * r[1] for r in rows)),
-        (sum(r[0] * r[1] for r in rows), sum(r[1] * r[1] for r in rows)),
-    )
-    u, v = sum(r[0] * t for r, t in zip(rows, targets_)), sum(r[1] * t for r, t in zip(rows, targets_))
-    determinant = a * d - b * c
-    if determinant == 0:
-        return None
-    x, y = (d * u - b * v) / determinant, (a * v - c * u) / determinant  # seconds per peak second: 1 / efficiency
-    if x <= 0 or y <= 0:
-        return None
-    return Fitted(1 / x, 1 / y, tuple(e.id for e in calibration))
-
-
 def calibration_lines(found: list[Score]) -> list[str]:
-    fitted = fit_efficiencies([s.entry for s in found])
-    calibration = [s.entry.id for s in found if s.entry.role == "calibration"]
+    """Each constant fitted on the calibration entries, the entries behind it, and how far those entries were off
+    before and after the fit."""
+    fitted = calibration.fitted()
     lines = ["### Constants fitted on calibration entries", ""]
-    timed = [s for s in found if s.entry.role == "calibration" and s.entry.kind == "time" and s.entry.mapping]
-    if fitted is None:
-        lines.append(
-            f"None: the GPU time model's efficiencies need two mapped calibration entries of seconds a step, and "
-            f"there are {len(timed)}; its rates stay the assumptions ({GPU_ASSUMPTIONS}). Calibration entries: "
-            f"{', '.join(calibration) or 'none'}."
-        )
-    else:
-        lines.append(
-            f"Training at {fitted.training_mfu:.0%} of peak FLOP/s and decode at {fitted.decode_mbu:.0%} of spec "
-            f"bandwidth, fitted on {', '.join(fitted.entries)}, against the assumed {TRAINING_MFU:.0%} and "
-            f"{DECODE_MBU:.0%}."
-        )
+    if not fitted.fitted_on:
+        names = ", ".join(s.entry.id for s in found if s.entry.role == "calibration") or "none"
+        return [*lines, f"None: no mapped calibration figure of a fitted kind; the rates stay {ASSUMED.words()}. "
+                        f"Calibration entries: {names}."]  # fmt: skip
+    chosen = [s.entry for s in found if s.entry.id in fitted.fitted_on]
+    catalog = load_hardware()
+    before = [p.seconds(ASSUMED) / p.stated_s for p in (calibration.parts(e, catalog[e.mapping.card], ASSUMED)
+                                                        for e in chosen)]  # fmt: skip
+    after = [p.seconds(fitted) / p.stated_s for p in (calibration.parts(e, catalog[e.mapping.card], fitted)
+                                                      for e in chosen)]  # fmt: skip
+    lines += [
+        f"- decode at {fitted.decode_mbu:.0%} of spec bandwidth (assumed {ASSUMED.decode_mbu:.0%}) and "
+        f"{readable(fitted.engine_step_s * 1e3)} ms a vLLM decode step (assumed "
+        f"{readable(ASSUMED.engine_step_s * 1e3)}), fitted on {len(chosen)} decode figures: "
+        f"{', '.join(fitted.fitted_on)}",
+        f"- training at {fitted.training_mfu:.0%} of peak bf16 FLOP/s: assumed, no GRPO step time on a catalogued "
+        "card is a calibration entry yet",
+        f"- the calibration figures' seconds, predicted / stated: median {readable(_median(before))}x, worst "
+        f"{readable(worst(before))}x at the assumptions; median {readable(_median(after))}x, worst "
+        f"{readable(worst(after))}x fitted",
+    ]
     return lines
 
 

@@ -14,7 +14,7 @@ from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_sh
 from benchmarks.model import guide, plan
 from benchmarks.model.estimate import GIB, GPU_COUNTS, estimate, on_gpus
 from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_RECIPE, GUIDE_WORKLOAD, LADDER
-from benchmarks.model.timing import GPU_ASSUMPTIONS, Rates
+from benchmarks.model.timing import Rates, gpu_constants
 from benchmarks.report import frames, time_tables
 from benchmarks.report.time_validation import FITTED_TIME_FILES
 from benchmarks.results.schema import Result
@@ -296,8 +296,8 @@ def sizing_notes() -> list[str]:
         "checkpointing, "
         "vLLM colocated, asleep or a server, DDP or ZeRO-3, micro-batch), the cell names it as the fastest.",
         "Seconds per step (per GPU, the synthetic reward's negligible cost; rewards.md gives a real reward's): the "
-        "time model (model.md), on GPU classes from their peaks at assumed efficiencies ("
-        + GPU_ASSUMPTIONS
+        "time model (model.md), on GPU classes from their peaks at efficiencies ("
+        + gpu_constants().words()
         + "), on the CPU at the rates fitted on "
         + FITTED_TIME_FILES[0]
         + " (that machine's calibration). How far both models were off on published GPU figures (fewest GPUs, "

@@ -7,7 +7,7 @@ import pandas as pd
 
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model.estimate import Workload
-from benchmarks.model.timing import GPU_ASSUMPTIONS, Rates, StepTime, assumed_rates, step_time
+from benchmarks.model.timing import Rates, StepTime, assumed_rates, gpu_constants, step_time
 from benchmarks.report import frames
 from benchmarks.report import time_validation as tv
 from benchmarks.results.schema import Result
@@ -82,7 +82,7 @@ def time_table(results: list[Result]) -> str:
     lines += [
         "",
         "GPU classes: no run on a GPU has been scored yet. Their rates are assumptions: "
-        f"{GPU_ASSUMPTIONS}; each class's peaks and links with their sources in profiles/hardware.toml.",
+        f"{gpu_constants().words()}; each class's peaks and links with their sources in profiles/hardware.toml.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -136,7 +136,7 @@ def spark_rows(work: Workload, levers: Levers, dtype: str) -> list[str]:
         "Worth doing on a DGX Spark? Hours per 1,000 GRPO steps (one device, predicted by the time model), LoRA "
         f"with checkpointing, {work.completions} completions x {work.completion_tokens} tokens after "
         f"{work.prompt_tokens}-token prompts, the rollout by a colocated vLLM engine, {dtype}: Spark's rollout at its "
-        f"sustained {budget} GB/s (the guide's budget), every other rate assumed ({GPU_ASSUMPTIONS}), "
+        f"sustained {budget} GB/s (the guide's budget), every other rate assumed ({gpu_constants().words()}), "
         f"beside an {versus.name} at its assumed rates. Memory is not checked here: sizing.md says what fits.",
         "",
         frames.markdown(pd.DataFrame(rows)),

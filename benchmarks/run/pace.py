@@ -29,7 +29,7 @@ from benchmarks.catalog.machines import INSTALL
 from benchmarks.catalog.profiles import GRPO_PARTS, Profile, configurations, load_shapes
 from benchmarks.catalog.targets import ESTIMATE_WITHIN
 from benchmarks.model.estimate import DTYPE_BYTES, GIB
-from benchmarks.model.fit import PREDICTED_BASIS, predicted_part_s
+from benchmarks.model.fit import predicted_basis, predicted_part_s
 from benchmarks.results import schema
 from benchmarks.run.bandwidth_probe import ceiling, probe
 from benchmarks.run.model_dirs import is_built
@@ -258,7 +258,7 @@ def estimate_line(estimates: list[PartEstimate]) -> str:
     whole = whole_estimate(estimates)
     head = f"estimate: ~{clock(whole)} in all" if whole is not None else "estimate: none for the whole run"
     first = " (a first run here: building models included)" if any(e.first_run_s for e in estimates) else ""
-    basis = f" ({PREDICTED_BASIS})" if any(e.predicted for e in estimates) else ""
+    basis = f" ({predicted_basis()})" if any(e.predicted for e in estimates) else ""
     return f"{head}{first}; " + "; ".join(parts) + basis
 
 

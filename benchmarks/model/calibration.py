@@ -1,0 +1,155 @@
+"""The GPU time model's constants fitted on published figures: the efficiencies and the per-step overhead that
+turn a card's catalogued peaks into rates (``timing.assumed_rates``), fitted only on the ``calibration`` entries
+of results/published/ (held-out entries never reach this module's fit) and used by every answer.
+
+Each calibration entry's stated figure is read as seconds (a decode batch's tokens over its tokens a second, a
+step's seconds) and the model's seconds split into what each constant scales: FLOPs at the card's peak (1 / MFU),
+bytes at its spec bandwidth (1 / MBU), vLLM engine steps (seconds each), and the rest at the assumed rates. The
+constants minimise the relative error by least squares, none negative; a decode step's binding side (FLOPs or
+bytes) is decided at the constants of the previous round, from the assumptions on."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from benchmarks.catalog import published
+from benchmarks.catalog.profiles import Hardware, load_hardware, load_shapes
+from benchmarks.model.terms import DTYPE_BYTES, Workload
+from benchmarks.model.timing import (
+    ASSUMED,
+    Engine,
+    GpuConstants,
+    Rates,
+    Work,
+    assumed_rates,
+    generation_work,
+)
+
+# The kinds a constant is fitted on, and the constants they fit (columns of FLOPs, bytes, engine steps): decode
+# figures fit decode's bandwidth share and the engine step; training's FLOP share stays assumed until a GRPO step
+# time on a catalogued card is mapped as calibration.
+FITTED_KINDS = ("decode",)
+FITTED_COLUMNS = (1, 2)
+ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class Parts:
+    """An entry's predicted seconds split by what each constant scales, at the constants that split them."""
+
+    flops_s: float  # at the card's peak FLOP/s
+    bytes_s: float  # at the card's spec bandwidth
+    engine_steps: float
+    rest_s: float
+    stated_s: float
+
+    def seconds(self, constants: GpuConstants) -> float:
+        return (
+            self.flops_s / constants.training_mfu
+            + self.bytes_s / constants.decode_mbu
+            + self.engine_steps * constants.engine_step_s
+            + self.rest_s
+        )
+
+
+def decode_engine(mapping: published.Mapping) -> tuple[Engine, Workload]:
+    """A decode figure's engine: its batch over its tensor-parallel GPUs, each prompt its own."""
+    work = Workload(mapping.sequences, mapping.prompt_tokens, mapping.completion_tokens)
+    return Engine(mapping.sequences, mapping.gpus), work
+
+
+def decode_work(entry: published.Entry) -> dict[str, Work]:
+    shape = load_shapes()[entry.mapping.shape]
+    engine, work = decode_engine(entry.mapping)
+    return {"generation": generation_work(shape, DTYPE_BYTES["bfloat16"], engine, work)}
+
+
+def decode_seconds(entry: published.Entry, rates: Rates) -> float:
+    """The model's seconds for a decode figure's whole batch."""
+    return sum(rates.seconds(w) for w in decode_work(entry).values())
+
+
+def stated_seconds(entry: published.Entry) -> float:
+    """A decode figure as the seconds its batch took: tokens over tokens a second, or its milliseconds."""
+    figure, mapping = entry.stated, entry.mapping
+    if figure.unit == "ms":
+        return figure.value / 1000
+    return mapping.sequences * mapping.completion_tokens / figure.value
+
+
+def as_stated(entry: published.Entry, seconds: float) -> float:
+    """Seconds of a decode figure's batch in the figure's own unit."""
+    if entry.stated.unit == "ms":
+        return seconds * 1000
+    return entry.mapping.sequences * entry.mapping.completion_tokens / seconds
+
+
+def parts(entry: published.Entry, hardware: Hardware, constants: GpuConstants) -> Parts:
+    rates = assumed_rates(hardware, constants=constants)
+    flops = nbytes = steps = rest = 0.0
+    for w in decode_work(entry).values():
+        bound_flops, bound_bytes = w.bound(rates.flop_s, rates.bytes_s)
+        flops += w.flops + bound_flops
+        nbytes += w.bytes + bound_bytes
+        steps += w.engine_steps
+        rest += rates.seconds(replace(w, flops=0.0, bytes=0.0, roofline=(), engine_steps=0.0))
+    return Parts(
+        flops / (hardware.peak_bf16_tflops * 1e12),
+        nbytes / (hardware.spec_bandwidth_gb_s * 1e9),
+        steps,
+        rest,
+        stated_seconds(entry),
+    )
+
+
+def calibration_entries(entries: list[published.Entry]) -> list[published.Entry]:
+    """The mapped calibration entries a constant is fitted on; held-out ones are dropped here, first."""
+    return [e for e in entries if e.role == "calibration" and e.kind in FITTED_KINDS and e.mapping is not None]
+
+
+def fit(entries: list[published.Entry]) -> GpuConstants:
+    """The constants that best match ``entries``' calibration figures (``ASSUMED`` where none is mapped); a
+    constant no entry moves keeps its assumption."""
+    chosen = calibration_entries(entries)
+    if not chosen:
+        return ASSUMED
+    catalog = load_hardware()
+    constants = ASSUMED
+    for _ in range(ROUNDS):
+        rows = [parts(e, catalog[e.mapping.card], constants) for e in chosen]
+        constants = _least_squares(rows, constants)
+    return replace(constants, fitted_on=tuple(e.id for e in chosen))
+
+
+def _least_squares(rows: list[Parts], start: GpuConstants) -> GpuConstants:
+    """1 / MFU, 1 / MBU and the engine step's seconds minimising the relative error, none negative: every subset
+    of them solved, the best non-negative one; the others keep ``start``'s."""
+    columns = np.array([[r.flops_s, r.bytes_s, r.engine_steps] for r in rows]) / np.array([[r.stated_s] for r in rows])
+    target = np.array([1 - r.rest_s / r.stated_s for r in rows])
+    current = np.array([1 / start.training_mfu, 1 / start.decode_mbu, start.engine_step_s])
+    moved = [i for i in FITTED_COLUMNS if columns[:, i].any()]
+    best, best_residual = current, float("inf")
+    for size in range(1, len(moved) + 1):
+        for subset in itertools.combinations(moved, size):
+            fixed = [i for i in range(3) if i not in subset]
+            aim = target - columns[:, fixed] @ current[fixed]
+            solution, *_ = np.linalg.lstsq(columns[:, subset], aim, rcond=None)
+            if (solution <= 0).any():
+                continue
+            full = current.copy()
+            full[list(subset)] = solution
+            residual = float(np.sum((columns @ full - target) ** 2))
+            if residual < best_residual:
+                best, best_residual = full, residual
+    mfu, mbu = min(1.0, 1 / best[0]), min(1.0, 1 / best[1])
+    return GpuConstants(mfu, mbu, float(best[2]))
+
+
+@functools.cache
+def fitted() -> GpuConstants:
+    """The constants fitted on the committed calibration entries, fitted once a process."""
+    return fit(published.entries())
