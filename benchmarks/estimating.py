@@ -11,7 +11,7 @@ import tomllib
 
 from benchmarks import REPO
 from benchmarks.catalog import profiles
-from benchmarks.model import estimate, guide, plan, timing
+from benchmarks.model import calibration, estimate, guide, plan, timing
 from benchmarks.report import time_validation
 from benchmarks.results import schema
 from benchmarks.results.records import readable
@@ -242,16 +242,16 @@ def why_not_lines(why: plan.WhyNot, name: str, count: int) -> list[str]:
 
 
 def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> timing.Rates:
-    """This machine's rates (its calibration, the committed fit) for the cpu class, else the class's assumed ones;
-    the reward's seconds a completion from the newest rewards part."""
+    """This machine's rates (its calibration, the committed fit) for the cpu class, else the class's at the constants
+    fitted on published figures; the reward's seconds a completion from the newest rewards part."""
     results = schema.load_results(RESULTS)
     reward_s = time_validation.reward_seconds(results, levers.reward, None)
     if hardware.gpu_class != "cpu":
-        return timing.assumed_rates(hardware, reward_s=reward_s)
+        return calibration.fitted_rates(hardware, reward_s=reward_s)
     print("\ncalibrating this machine for the time model ...", flush=True)
-    calibration = pace.calibrate()
+    measured = pace.calibrate()
     coefficients = time_validation.fitted_coefficients(results)
-    return time_validation.machine_rates(coefficients, calibration, levers.num_processes, reward_s)
+    return time_validation.machine_rates(coefficients, measured, levers.num_processes, reward_s)
 
 
 def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: timing.Rates, recipe: guide.Recipe) -> None:

@@ -26,14 +26,14 @@ def ask(shape: str, **fixed) -> plan.Ask:
 
 def test_the_plan_picks_the_fastest_where_it_differs_from_the_lightest():
     cell = sizing.predicted_cell("32b", HARDWARE["h200"])
-    lightest = plan.Ask(load_shapes()["32b"]).step(cell.levers, plan.assumed_rates(HARDWARE["h200"]))
+    lightest = plan.Ask(load_shapes()["32b"]).step(cell.levers, plan.fitted_rates(HARDWARE["h200"]))
     assert cell.count == 1 and cell.label == "LoRA, checkpointing, vLLM sleep"
     assert cell.fastest.step.step_s < lightest.step_s and cell.fastest.levers != cell.levers
     assert cell.fastest.peak <= HARDWARE["h200"].memory_gib * GIB
     # the fastest is the fastest of every lever set the plan weighs on one H200
     weighed = plan._axes(plan.Ask(load_shapes()["32b"]), 1)
     micro_batches = weighed.pop("per_device_train_batch_size")
-    rates, shape_ask = plan.assumed_rates(HARDWARE["h200"]), plan.Ask(load_shapes()["32b"])
+    rates, shape_ask = plan.fitted_rates(HARDWARE["h200"]), plan.Ask(load_shapes()["32b"])
     for values in itertools.product(*weighed.values()):
         choice = dict(zip(weighed, values, strict=True))
         for levers, _, _ in plan._fitting(shape_ask, choice, micro_batches, 1, HARDWARE["h200"]):

@@ -9,7 +9,7 @@ from benchmarks import REPO
 from benchmarks.catalog import published
 from benchmarks.catalog.levers import ProfileError
 from benchmarks.catalog.profiles import load_hardware
-from benchmarks.model import calibration, timing
+from benchmarks.model import calibration, rates
 from benchmarks.report import published_scores, tables
 from benchmarks.report.time_validation import error_line
 
@@ -78,24 +78,24 @@ def test_a_held_out_entry_never_reaches_the_fit():
     decode = [e for e in ENTRIES if e.kind == "decode" and e.mapping]
     assert set(fitted.fitted_on) == {e.id for e in decode if e.role == "calibration"} and len(fitted.fitted_on) >= 12
     held = [dataclasses.replace(e, role="held-out") for e in decode]
-    assert calibration.fit(held) == timing.ASSUMED  # nothing to fit: the assumptions stand
+    assert calibration.fit(held) == rates.ASSUMED  # nothing to fit: the assumptions stand
     wild = [dataclasses.replace(e, id=e.id + "-wild", figures={e.figure: dataclasses.replace(e.stated, value=1e-3)})
             for e in held]  # fmt: skip
     assert calibration.fit(ENTRIES + wild) == fitted  # held-out figures, however far off, change nothing
 
 
 def test_the_fit_recovers_the_constants_that_made_the_figures():
-    truth = timing.GpuConstants(training_mfu=0.4, decode_mbu=0.55, engine_step_s=3.5e-3)
+    truth = rates.GpuConstants(training_mfu=0.4, decode_mbu=0.55, engine_step_s=3.5e-3)
     hardware = load_hardware()
     made = []
     for e in calibration.calibration_entries(ENTRIES):
-        seconds = calibration.decode_seconds(e, timing.assumed_rates(hardware[e.mapping.card], constants=truth))
+        seconds = calibration.decode_seconds(e, rates.gpu_rates(hardware[e.mapping.card], truth))
         figure = dataclasses.replace(e.stated, value=calibration.as_stated(e, seconds))
         made.append(dataclasses.replace(e, figures={e.figure: figure}))
     fitted = calibration.fit(made)
     assert fitted.decode_mbu == pytest.approx(0.55, rel=0.02)
     assert fitted.engine_step_s == pytest.approx(3.5e-3, rel=0.02)
-    assert fitted.training_mfu == timing.ASSUMED.training_mfu  # no decode figure fits training's FLOPs
+    assert fitted.training_mfu == rates.ASSUMED.training_mfu  # no decode figure fits training's FLOPs
 
 
 def test_decode_figures_come_from_three_projects_on_two_gpu_classes_and_are_predicted_within_1_25x():

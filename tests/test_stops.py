@@ -103,8 +103,8 @@ def test_a_result_file_of_a_newer_schema_is_refused_naming_it(grpo_run, tmp_path
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--prompt-tokens", "-5"], "--prompt-tokens must be positive"),
-        (["--prompt-tokens", "0"], "--prompt-tokens must be positive"),
+        (["--prompt-tokens", "-5"], "argument --prompt-tokens: must be positive, got -5"),
+        (["--prompt-tokens", "0"], "argument --prompt-tokens: must be positive, got 0"),
         (["--levers", "max_completion_length=0"], "max_completion_length: 0 is not positive"),
     ],
 )

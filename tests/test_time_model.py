@@ -8,7 +8,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import cli
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
-from benchmarks.model import timing
+from benchmarks.model import calibration, timing
+from benchmarks.model import rates as model_rates
 from benchmarks.model.estimate import Workload
 from benchmarks.report import time_validation
 from benchmarks.results import schema
@@ -89,7 +90,7 @@ def test_zero3_gathers_every_weight_for_each_micro_batch_again_for_backward_beyo
 
 
 def test_the_fit_recovers_the_coefficients_that_made_the_rows():
-    truth = timing.Coefficients(
+    truth = model_rates.Coefficients(
         flops=1.5,
         bytes=3.0,
         layer_passes=0.01,
@@ -99,7 +100,7 @@ def test_the_fit_recovers_the_coefficients_that_made_the_rows():
         quantised_params=1500.0,
         faulted_bytes=6.0,
     )
-    rates = timing.measured_rates(truth, torch_s=0.5, python_s=0.1, gb_s=20.0)
+    rates = model_rates.measured_rates(truth, torch_s=0.5, python_s=0.1, gb_s=20.0)
     rows = []
     for levers in ({}, {"model": "lora"}, {"gradient_checkpointing": True}, {"optim": "adamw_8bit"}, {"beta": 0.04}):
         chosen = replace(BASE, max_completion_length=64, **levers)
@@ -107,8 +108,8 @@ def test_the_fit_recovers_the_coefficients_that_made_the_rows():
             phases = timing.phase_work(SHAPE, "bfloat16", chosen, Workload.from_levers(chosen, 256), malloc_fixed=fixed)
             for phase, work in phases.items():
                 if phase != "reward":
-                    rows.append((timing.calibration_units(work, 0.5, 0.1, 20.0), rates.seconds(work)))
-    fitted = timing.fit(rows, "made here")
+                    rows.append((model_rates.calibration_units(work, 0.5, 0.1, 20.0), rates.seconds(work)))
+    fitted = model_rates.fit(rows, "made here")
     for name in ("flops", "bytes", "layer_passes", "adapter_passes", "quantised_params", "faulted_bytes"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
     assert fitted.link_bytes == 0  # no row moved anything between ranks: left at 0, not guessed
@@ -116,7 +117,7 @@ def test_the_fit_recovers_the_coefficients_that_made_the_rows():
 
 def test_the_fit_keeps_every_coefficient_non_negative():
     rows = [(np.array([1.0, 1.0, 0, 0, 0, 0, 0, 0]), 1.0), (np.array([2.0, 0.5, 0, 0, 0, 0, 0, 0]), 1.0)]
-    fitted = timing.fit(rows, "made here")
+    fitted = model_rates.fit(rows, "made here")
     assert min(fitted.flops, fitted.bytes) >= 0
 
 
@@ -127,11 +128,11 @@ def test_a_step_s_hours_and_throughput_follow_from_its_seconds():
     assert step.gpu_hours(1000) == pytest.approx(40 * 1000 * 4 / 3600)
 
 
-def test_a_class_without_peaks_has_no_assumed_rates():
+def test_a_class_without_peaks_has_no_fitted_rates():
     hardware = load_hardware()
     with pytest.raises(ValueError, match="no peak FLOP/s"):
-        timing.assumed_rates(hardware["gpu"])
-    spark = timing.assumed_rates(hardware["spark"], decode_gb_s=180.0)
+        calibration.fitted_rates(hardware["gpu"])
+    spark = calibration.fitted_rates(hardware["spark"], decode_gb_s=180.0)
     assert spark.bytes_s == 180e9 and "180 GB/s" in spark.source
 
 
@@ -141,9 +142,9 @@ def test_spark_at_its_budget_is_slower_than_an_h200_and_faster_at_192_than_180()
     hours = {
         name: timing.step_time(SHAPE, "bfloat16", lora, WORK, rates).gpu_hours()
         for name, rates in {
-            "180": timing.assumed_rates(hardware["spark"], decode_gb_s=180.0),
-            "192": timing.assumed_rates(hardware["spark"], decode_gb_s=192.0),
-            "h200": timing.assumed_rates(hardware["h200"]),
+            "180": calibration.fitted_rates(hardware["spark"], decode_gb_s=180.0),
+            "192": calibration.fitted_rates(hardware["spark"], decode_gb_s=192.0),
+            "h200": calibration.fitted_rates(hardware["h200"]),
         }.items()
     }
     assert hours["h200"] < hours["192"] < hours["180"]
@@ -214,12 +215,12 @@ def colocated(sequences: int, tp: int = 1, **levers) -> Levers:
 
 def rollout_s(levers: Levers, work: Workload | None = None, shape=SEVEN_B) -> float:
     work = work or Workload.from_levers(levers, 256)
-    rates = timing.assumed_rates(H100)
+    rates = calibration.fitted_rates(H100)
     return rates.seconds(timing.phase_work(shape, "bfloat16", levers, work)["rollout"])
 
 
 def test_decode_throughput_rises_with_the_engine_s_sequences_until_compute_binds_then_flattens():
-    rates = timing.assumed_rates(H100)
+    rates = calibration.fitted_rates(H100)
     per_s = {}
     for batch in (1, 8, 64, 512, 2048, 4096):
         levers = colocated(batch)
@@ -262,7 +263,7 @@ def test_zero3_over_two_machines_is_slower_than_over_one_at_the_same_count():
     def phases(processes: int, machines: int) -> dict[str, float]:
         levers = replace(BASE, num_processes=processes, num_machines=machines, distributed_type="zero3")
         work = Workload.from_levers(levers, 256)
-        return timing.step_time(SEVEN_B, "bfloat16", levers, work, timing.assumed_rates(H100)).phases
+        return timing.step_time(SEVEN_B, "bfloat16", levers, work, calibration.fitted_rates(H100)).phases
 
     one_node, two = phases(8, 1), phases(4, 2)
     assert sum(two.values()) > sum(one_node.values())

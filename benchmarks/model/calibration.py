@@ -1,5 +1,5 @@
 """The GPU time model's constants fitted on published figures: the efficiencies and the per-step overhead that
-turn a card's catalogued peaks into rates (``timing.assumed_rates``), fitted only on the ``calibration`` entries
+turn a card's catalogued peaks into rates (``fitted_rates``), fitted only on the ``calibration`` entries
 of results/published/ (held-out entries never reach this module's fit) and used by every answer.
 
 Each calibration entry's stated figure is read as seconds (a decode batch's tokens over its tokens a second, a
@@ -18,16 +18,9 @@ import numpy as np
 
 from benchmarks.catalog import published
 from benchmarks.catalog.profiles import Hardware, load_hardware, load_shapes
+from benchmarks.model.rates import ASSUMED, GpuConstants, gpu_rates
 from benchmarks.model.terms import DTYPE_BYTES, Workload
-from benchmarks.model.timing import (
-    ASSUMED,
-    Engine,
-    GpuConstants,
-    Rates,
-    Work,
-    assumed_rates,
-    generation_work,
-)
+from benchmarks.model.timing import Engine, Rates, Work, generation_work
 
 # The kinds a constant is fitted on, and the constants they fit (columns of FLOPs, bytes, engine steps): decode
 # figures fit decode's bandwidth share and the engine step; training's FLOP share stays assumed until a GRPO step
@@ -89,7 +82,7 @@ def as_stated(entry: published.Entry, seconds: float) -> float:
 
 
 def parts(entry: published.Entry, hardware: Hardware, constants: GpuConstants) -> Parts:
-    rates = assumed_rates(hardware, constants=constants)
+    rates = gpu_rates(hardware, constants)
     flops = nbytes = steps = rest = 0.0
     for w in decode_work(entry).values():
         bound_flops, bound_bytes = w.bound(rates.flop_s, rates.bytes_s)
@@ -153,3 +146,8 @@ def _least_squares(rows: list[Parts], start: GpuConstants) -> GpuConstants:
 def fitted() -> GpuConstants:
     """The constants fitted on the committed calibration entries, fitted once a process."""
     return fit(published.entries())
+
+
+def fitted_rates(hardware: Hardware, decode_gb_s: float | None = None, reward_s: float = 0.0) -> Rates:
+    """A GPU class's rates at the fitted constants: what every GPU answer uses."""
+    return gpu_rates(hardware, fitted(), decode_gb_s, reward_s)

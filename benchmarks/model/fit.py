@@ -20,8 +20,9 @@ from benchmarks.catalog.profiles import (
 )
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.bandwidth import decode_step_bytes
+from benchmarks.model.calibration import fitted, fitted_rates
 from benchmarks.model.estimate import DTYPE_BYTES, GIB, MODELLED_OPTIMIZERS, Workload, as_run, estimate
-from benchmarks.model.timing import Rates, assumed_rates, gpu_constants, step_time
+from benchmarks.model.timing import Rates, step_time
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ SETUP_S = 120.0
 
 def predicted_basis() -> str:
     """What a GPU class's predicted run time rests on."""
-    return f"predicted: the time model ({gpu_constants().words()}), {SETUP_S:g} s to start each worker"
+    return f"predicted: the time model ({fitted().words()}), {SETUP_S:g} s to start each worker"
 
 
 def predicted_part_s(profile: Profile, part: str, names: Sequence[str] | None = None) -> float | None:
@@ -96,7 +97,7 @@ def predicted_part_s(profile: Profile, part: str, names: Sequence[str] | None = 
     ``names`` of a GRPO part, where given); None on a CPU or a class without catalogued peaks."""
     hardware = load_hardware()[profile.hardware]
     try:
-        rates = assumed_rates(hardware)
+        rates = fitted_rates(hardware)
     except ValueError:  # the cpu and generic gpu classes: no peaks to predict from
         return None
     if part == "decode":

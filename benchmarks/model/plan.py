@@ -13,8 +13,9 @@ from benchmarks.catalog.levers import MODELS, Levers, combination_problem
 from benchmarks.catalog.profiles import Hardware
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model import guide
+from benchmarks.model.calibration import fitted_rates
 from benchmarks.model.estimate import GIB, GPU_COUNTS, Estimate, Workload, estimate, on_gpus
-from benchmarks.model.timing import Rates, StepTime, Work, assumed_rates, phase_work, timed
+from benchmarks.model.timing import Rates, StepTime, Work, phase_work, timed
 
 ENGINES = ("colocate", "sleep", "server")
 ENGINE_LEVERS = ("use_vllm", "vllm_mode", "vllm_enable_sleep_mode")
@@ -190,7 +191,7 @@ def fastest(ask: Ask, hardware: Hardware, card: str, count: int) -> Setup | None
     the lightest choice of every lever does not fit."""
     axes = _axes(ask, count)
     micro_batches = axes.pop("per_device_train_batch_size")
-    rates, best, failed = assumed_rates(hardware), None, []
+    rates, best, failed = fitted_rates(hardware), None, []
     for values in itertools.product(*(reversed(v) for v in axes.values())):  # the lightest first
         choice = dict(zip(axes, values, strict=True))
         if any(heavier(choice, light, axes) for light in failed):
@@ -350,7 +351,7 @@ def why_not(ask: Ask, hardware: Hardware, card: str, count: int = 1) -> WhyNot:
 
 def smallest(ask: Ask, hardware: Hardware, card: str) -> Setup | None:
     """The base levers as given, only the count free, on the fewest GPUs that fit."""
-    rates = assumed_rates(hardware)
+    rates = fitted_rates(hardware)
     for count in COUNTS:
         for placed, server in placements(ask, ask.base, count, hardware):
             found = ask.fits(placed, hardware)

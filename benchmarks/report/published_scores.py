@@ -14,7 +14,8 @@ from benchmarks.catalog import published
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.catalog.targets import PUBLISHED_WITHIN
 from benchmarks.model import calibration, guide, plan
-from benchmarks.model.timing import ASSUMED, assumed_rates
+from benchmarks.model.calibration import fitted_rates
+from benchmarks.model.rates import ASSUMED
 from benchmarks.results.records import Target, readable
 
 
@@ -62,12 +63,12 @@ def score(entry: published.Entry) -> Score:
             return Score(entry, reason="no count up to 64 fits, predicted")
         return Score(entry, float(found.gpus))
     if entry.kind == "decode":
-        seconds = calibration.decode_seconds(entry, assumed_rates(hardware))
+        seconds = calibration.decode_seconds(entry, fitted_rates(hardware))
         return Score(entry, calibration.as_stated(entry, seconds), rollout_s=seconds)
     placed = ask.on(ask.base, mapping.gpus, hardware)
     if entry.kind == "memory":
         return Score(entry, ask.predict(placed, hardware).peak / published.UNIT_BYTES[entry.stated.unit])
-    step = ask.step(placed, assumed_rates(hardware))
+    step = ask.step(placed, fitted_rates(hardware))
     rollout = step.phases.get("rollout", 0.0) + step.phases.get("sleep_wake", 0.0)
     if entry.kind == "time":
         return Score(entry, step.step_s, rollout_s=rollout)

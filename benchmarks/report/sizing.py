@@ -12,9 +12,10 @@ import pandas as pd
 from benchmarks.catalog.levers import GUIDE_LEVERS, MODELS
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model import guide, plan
+from benchmarks.model.calibration import fitted
 from benchmarks.model.estimate import GIB, GPU_COUNTS, estimate, on_gpus
 from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_RECIPE, GUIDE_WORKLOAD, LADDER
-from benchmarks.model.timing import Rates, gpu_constants
+from benchmarks.model.timing import Rates
 from benchmarks.report import frames, time_tables
 from benchmarks.report.time_validation import FITTED_TIME_FILES
 from benchmarks.results.schema import Result
@@ -297,7 +298,7 @@ def sizing_notes() -> list[str]:
         "vLLM colocated, asleep or a server, DDP or ZeRO-3, micro-batch), the cell names it as the fastest.",
         "Seconds per step (per GPU, the synthetic reward's negligible cost; rewards.md gives a real reward's): the "
         "time model (model.md), on GPU classes from their peaks at efficiencies ("
-        + gpu_constants().words()
+        + fitted().words()
         + "), on the CPU at the rates fitted on "
         + FITTED_TIME_FILES[0]
         + " (that machine's calibration). How far both models were off on published GPU figures (fewest GPUs, "

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pandas as pd
 
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
+from benchmarks.model.calibration import fitted, fitted_rates
 from benchmarks.model.estimate import Workload
-from benchmarks.model.timing import Rates, StepTime, assumed_rates, gpu_constants, step_time
+from benchmarks.model.timing import Rates, StepTime, step_time
 from benchmarks.report import frames
 from benchmarks.report import time_validation as tv
 from benchmarks.results.schema import Result
@@ -26,7 +27,7 @@ def class_rates(hardware: Hardware, results: list[Result]) -> Rates | None:
         except ValueError:
             return None
     try:
-        return assumed_rates(hardware)
+        return fitted_rates(hardware)
     except ValueError:
         return None
 
@@ -82,7 +83,7 @@ def time_table(results: list[Result]) -> str:
     lines += [
         "",
         "GPU classes: no run on a GPU has been scored yet. Their rates are assumptions: "
-        f"{gpu_constants().words()}; each class's peaks and links with their sources in profiles/hardware.toml.",
+        f"{fitted().words()}; each class's peaks and links with their sources in profiles/hardware.toml.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -119,10 +120,10 @@ def spark_rows(work: Workload, levers: Levers, dtype: str) -> list[str]:
     catalog = load_hardware()
     spark, versus = catalog["spark"], catalog[SPARK_VERSUS]
     bases = [
-        (f"DGX Spark at {gb_s:g} GB/s", assumed_rates(spark, decode_gb_s=gb_s))
+        (f"DGX Spark at {gb_s:g} GB/s", fitted_rates(spark, decode_gb_s=gb_s))
         for gb_s in spark.sustained_bandwidth_gb_s
     ]
-    bases.append((versus.name, assumed_rates(versus)))
+    bases.append((versus.name, fitted_rates(versus)))
     budget = " and ".join(f"{gb_s:g}" for gb_s in spark.sustained_bandwidth_gb_s)
     rows = []
     for name in SPARK_SHAPES:
@@ -136,7 +137,7 @@ def spark_rows(work: Workload, levers: Levers, dtype: str) -> list[str]:
         "Worth doing on a DGX Spark? Hours per 1,000 GRPO steps (one device, predicted by the time model), LoRA "
         f"with checkpointing, {work.completions} completions x {work.completion_tokens} tokens after "
         f"{work.prompt_tokens}-token prompts, the rollout by a colocated vLLM engine, {dtype}: Spark's rollout at its "
-        f"sustained {budget} GB/s (the guide's budget), every other rate assumed ({gpu_constants().words()}), "
+        f"sustained {budget} GB/s (the guide's budget), every other rate assumed ({fitted().words()}), "
         f"beside an {versus.name} at its assumed rates. Memory is not checked here: sizing.md says what fits.",
         "",
         frames.markdown(pd.DataFrame(rows)),

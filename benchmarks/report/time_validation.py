@@ -12,16 +12,8 @@ import numpy as np
 from benchmarks.catalog.profiles import load_shapes
 from benchmarks.catalog.targets import PHASE_SHARE, PHASE_TIME_WITHIN, STEP_TIME_WITHIN
 from benchmarks.model.estimate import Workload
-from benchmarks.model.timing import (
-    CALIBRATION_FLOPS,
-    Coefficients,
-    Rates,
-    calibration_units,
-    fit,
-    measured_rates,
-    phase_work,
-    step_time,
-)
+from benchmarks.model.rates import Coefficients, calibration_units, fit, measured_rates
+from benchmarks.model.timing import CALIBRATION_FLOPS, Rates, phase_work, step_time
 from benchmarks.report.published_scores import class_error
 from benchmarks.results.schema import Calibration, Configuration, Result
 
