@@ -138,8 +138,8 @@ def _least_squares(rows: list[Parts], start: GpuConstants) -> GpuConstants:
             residual = float(np.sum((columns @ full - target) ** 2))
             if residual < best_residual:
                 best, best_residual = full, residual
-    mfu, mbu = min(1.0, 1 / best[0]), min(1.0, 1 / best[1])
-    return GpuConstants(mfu, mbu, float(best[2]))
+    mfu, mbu = min(1.0, 1 / float(best[0])), min(1.0, 1 / float(best[1]))
+    return GpuConstants(mfu, mbu, float(best[2]))  # plain floats: the figures they make go into JSON result files
 
 
 @functools.cache
