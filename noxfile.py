@@ -122,7 +122,8 @@ def tests(session: nox.Session) -> None:
     """Unit, sandbox, adversarial and browser tests (CPU only)."""
     _install(session, "test,grpo,distributed", torch=machines.cpu_stack())
     _system_packages(session)
-    session.run("python", "-m", "pytest", *(session.posargs or ["-q"]))
+    # two workers, each a test file at a time (its fixtures built once), one torch thread each (tests/conftest.py)
+    session.run("python", "-m", "pytest", *(session.posargs or ["-q", "-n", "2", "--dist", "loadfile"]))
 
 
 @nox.session(default=False)

@@ -18,6 +18,9 @@ from benchmarks.catalog import machines
 from benchmarks.results import schema
 from rewards.sandbox import default_sandbox
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # workers share the cores: a thread each, not a pool each
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture
 def grpo_run():
