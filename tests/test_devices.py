@@ -424,7 +424,10 @@ def test_a_fork_of_a_worker_counts_only_its_own_pages_not_its_parent_s_again(tmp
     )
     worker = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     try:
-        time.sleep(2)
+        waited = 0.0
+        while not psutil.Process(worker.pid).children() and waited < 25:  # its 400 MB touched, then the fork
+            time.sleep(0.2)
+            waited += 0.2
         sampler = MemorySampler(worker.pid, None)
         sampler.list_members()
         (child,) = psutil.Process(worker.pid).children()

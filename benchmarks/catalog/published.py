@@ -194,3 +194,7 @@ def _check_mapping(mapping: Mapping, where: str) -> None:
         raise ProfileError(f"{where}: mapping.card: {mapping.card!r} is not in profiles/hardware.toml")
     if mapping.gpus <= 0 or mapping.prompt_tokens <= 0:
         raise ProfileError(f"{where}: mapping.gpus and mapping.prompt_tokens must be positive")
+    # each lever as the command line checks it: a name it knows, a value it accepts
+    profiles._build(profiles.Levers, mapping.levers, where, "mapping.levers.", partial=True)
+    for name, value in mapping.levers.items():
+        profiles.check_lever(name, value, where, f"mapping.levers.{name}")
