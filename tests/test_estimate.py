@@ -139,6 +139,16 @@ def test_a_hint_names_the_configuration_that_results_in_words_not_a_ladder_label
     assert "{" not in out and ", full," not in change
 
 
+def test_an_offloaded_optimizer_steps_on_the_host_so_its_update_takes_no_gpu_memory():
+    shape, work = load_shapes()["32b"], Workload(1, 256, 1024)
+    zero3 = Levers(model="full", num_processes=8, distributed_type="zero3", gradient_checkpointing=True)
+    offloaded = dataclasses.replace(zero3, offload_optimizer_device="cpu", offload_param_device="cpu")
+    on_gpu = estimate(shape, "bfloat16", zero3, work, load_hardware()["h100"]).phases["training"]
+    on_host = estimate(shape, "bfloat16", offloaded, work, load_hardware()["h100"]).phases["training"]
+    assert on_gpu["optimizer_update"] > 0 == on_host["optimizer_update"]
+    assert on_host["optimizer_state"] < 0.01 * on_gpu["optimizer_state"]  # the states went to the host too
+
+
 def test_a_zero3_rank_of_a_large_model_holds_a_fraction_of_one_gpu_s_states():
     shape = load_shapes()["70b"]
     one = rank_model_states(shape, "bfloat16", Levers())

@@ -311,7 +311,10 @@ def _per_rank(est: Estimate, shape: Shape, dtype: str, levers: Levers, cuda: boo
         "training", "gradients", states.gradients + states.fp32_gradients, f"gradients and DeepSpeed's fp32 copy: {how}"
     )
     est.add("rollout", "freed_gradients", states.gradients, "gradient buffers kept between steps")
-    if stage >= 1:
+    if stage >= 1 and cuda and levers.offload_optimizer_device == "cpu":
+        # DeepSpeedCPUAdam steps the offloaded partition on the host: its temporaries never reach the GPU
+        est.add("training", "optimizer_update", 0, f"on the host, with the offloaded states: {how}")
+    elif stage >= 1:
         est.add(
             "training",
             "optimizer_update",
