@@ -25,7 +25,7 @@ SHAPES = ("0.5b", "7b", "14b", "32b", "70b", "72b")
 
 
 @pytest.mark.parametrize("name", SHAPES)
-@pytest.mark.parametrize("gpus, machines", [(1, 1), (2, 1), (8, 1), (8, 4)])
+@pytest.mark.parametrize("gpus, machines", [(1, 1), (2, 1), (8, 1), (8, 4), (8, 8)])
 def test_per_rank_model_states_agree_with_deepspeed_s_estimators(name, gpus, machines):
     stage_1_and_2 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
     stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
@@ -41,15 +41,15 @@ def test_per_rank_model_states_agree_with_deepspeed_s_estimators(name, gpus, mac
             total, num_gpus_per_node=gpus, num_nodes=machines, cpu_offload=offload
         )
         assert zero2.total + zero2.fp32_gradients == pytest.approx(expected, rel=0.05), ("zero2", offload)
-        zero3 = rank_model_states(
-            shape,
-            "bfloat16",
-            Levers(distributed_type="zero3", offload_optimizer_device=device, offload_param_device=device, **ranks),
-        )
+    for optimizer, parameters in ((False, False), (True, False), (True, True)):  # ZeRO-3's offloads, each way
+        devices = {"offload_optimizer_device": "cpu" if optimizer else "none",
+                   "offload_param_device": "cpu" if parameters else "none"}  # fmt: skip
+        zero3 = rank_model_states(shape, "bfloat16", Levers(distributed_type="zero3", **devices, **ranks))
         _, expected, _ = stage3.estimate_zero3_model_states_mem_needs(
-            total, largest, num_gpus_per_node=gpus, num_nodes=machines, cpu_offload=offload, cpu_offload_params=offload
-        )
-        assert zero3.total + zero3.gathered == pytest.approx(expected, rel=0.05), ("zero3", offload)
+            total, largest, num_gpus_per_node=gpus, num_nodes=machines, cpu_offload=optimizer,
+            cpu_offload_params=parameters,
+        )  # fmt: skip
+        assert zero3.total + zero3.gathered == pytest.approx(expected, rel=0.05), ("zero3", optimizer, parameters)
 
 
 def test_each_zero_stage_holds_less_per_rank_and_more_ranks_hold_less():
