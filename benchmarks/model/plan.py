@@ -76,7 +76,8 @@ class Ask:
         return self.recipe.prompt_tokens
 
     def predict(self, levers: Levers, hardware: Hardware) -> Estimate:
-        return estimate(self.shape, self.dtype, levers, self.recipe.workload(levers), hardware, malloc_fixed=True)
+        """The memory model's estimate (shared: read it, never change it)."""
+        return _predicted(self, levers, hardware)
 
     def fits(self, levers: Levers, hardware: Hardware) -> Estimate | None:
         """The estimate where ``levers`` run together and fit ``hardware``, else None."""
@@ -104,11 +105,17 @@ class Ask:
         if share is None:
             return None
         micro = max(b for b in range(1, min(share, levers.per_device_train_batch_size) + 1) if share % b == 0)
-        spread = replace(spread, per_device_train_batch_size=micro, gradient_accumulation_steps=share // micro)
-        if "vllm_tensor_parallel_size" in self.fixed:
-            spread = replace(spread, vllm_tensor_parallel_size=levers.vllm_tensor_parallel_size)
+        tp = levers if "vllm_tensor_parallel_size" in self.fixed else spread
+        spread = replace(spread, per_device_train_batch_size=micro, gradient_accumulation_steps=share // micro,
+                         vllm_tensor_parallel_size=tp.vllm_tensor_parallel_size)  # fmt: skip
         fixed = "vllm_gpu_memory_utilization" in self.fixed
         return guide.engine_share(self.shape, self.dtype, spread, hardware, self.prompt_tokens, fixed)
+
+
+@functools.lru_cache(maxsize=16384)
+def _predicted(ask: Ask, levers: Levers, hardware: Hardware) -> Estimate:
+    """One estimate a plan weighs, once: its search asks for the same levers on a card from several counts."""
+    return estimate(ask.shape, ask.dtype, levers, ask.recipe.workload(levers), hardware, malloc_fixed=True)
 
 
 @functools.lru_cache(maxsize=4096)
