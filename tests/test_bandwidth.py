@@ -4,9 +4,12 @@ import json
 
 import pytest
 
+from benchmarks import REPO
 from benchmarks.catalog.profiles import load_shapes
 from benchmarks.model.bandwidth import decode_step_bytes, experts_read, kv_bytes_per_token, rollout_seconds
 from benchmarks.run.bandwidth_probe import ceiling, probe
+
+REPO_RUNS = REPO / "results" / "runs"
 
 
 def test_the_probe_reports_median_and_spread_per_kernel_with_bytes_counted():
@@ -229,7 +232,7 @@ def test_the_decode_figure_draws_its_own_class_s_spec_and_band_only(hardware, tm
     assert spec == expected[hardware]
 
 
-def test_a_graphs_row_whose_decode_step_was_never_compiled_says_it_ran_eager(monkeypatch, capsys):
+def test_a_graphs_row_never_compiled_or_run_without_graphs_says_it_ran_eager(monkeypatch, capsys):
     torch = pytest.importorskip("torch")
     from benchmarks.results import schema
     from benchmarks.run import decode
@@ -241,10 +244,89 @@ def test_a_graphs_row_whose_decode_step_was_never_compiled_says_it_ran_eager(mon
 
     job = {"engine": "transformers-graphs", "dtype": "float32", "new_tokens": 2, "repeats": 1, "points": [(1, 8)]}
     rows = {}
-    for compiled in (False, True):
+    for compiled, skips in ((False, 0), (True, 0), (True, 2)):
         generate.compiled = lambda compiled=compiled: compiled
+        counted = iter((5, 5 + skips))  # inductor's cudagraph_skips counter, before and after the warm-up
+        generate.graph_skips = lambda counted=counted: next(counted)
         decode.measure(job, load_shapes()["tiny"], generate)
-        rows[compiled] = json.loads(capsys.readouterr().out.splitlines()[-1])["execution"]
-    assert rows[True] == decode.execution("transformers-graphs", True) and "CUDA graphs" in rows[True]
-    assert rows[False] == decode.NOT_COMPILED  # checked, not assumed
-    assert schema.DecodePoint(engine="transformers-graphs", status="ok", execution=rows[False]).launch_bound
+        rows[compiled, skips] = json.loads(capsys.readouterr().out.splitlines()[-1])["execution"]
+    assert rows[True, 0] == decode.execution("transformers-graphs", True) and "CUDA graphs" in rows[True, 0]
+    assert rows[False, 0] == decode.NOT_COMPILED  # checked, not assumed
+    assert rows[True, 2] == decode.GRAPHS_SKIPPED  # compiled, yet run without graphs: observed
+    for eager in (rows[False, 0], rows[True, 2]):
+        assert schema.DecodePoint(engine="transformers-graphs", status="ok", execution=eager).launch_bound
+
+
+def impossible_rows(shape):
+    """As the H200 rehearsal's batch-1 row: its 9-token calls (0.112 s) faster than its 1-token calls (0.184 s);
+    and a row whose decode moved more bytes a second than the H200's datasheet allows."""
+    from benchmarks.run.decode import step_bytes
+
+    base = {"engine": "transformers", "context": 128, "new_tokens": 8, "repeats": 3, "execution": "eager"}
+    rows = []
+    for batch, first, full in ((1, 0.184, 0.112), (64, 0.010, 0.0105)):
+        decode_s = max(full - first, 1e-9)
+        per_step = step_bytes(shape, "bfloat16", batch, 128, 8)
+        rows.append({
+            **base, "batch": batch, "ttft_s": first, "decode_s": decode_s, "ttft_s_each": [first] * 3,
+            "generate_s_each": [full] * 3, "decode_tokens_per_s": batch * 8 / decode_s, "bytes_per_step": per_step,
+            "achieved_gb_s": per_step * 8 / decode_s / 1e9,
+        })  # fmt: skip
+    return rows
+
+
+def test_a_decode_row_beyond_physics_is_invalid_in_its_file_and_absent_from_every_table(tmp_path):
+    from benchmarks.catalog.profiles import load_hardware
+    from benchmarks.report import claims, tables
+    from benchmarks.results import schema
+    from benchmarks.run import decode
+
+    shape = load_shapes()["8b"]
+    rate = schema.BestKernel(kernel="copy", median_gb_s=4000.0, min_gb_s=3900.0, max_gb_s=4100.0, bytes_per_pass=1)
+    made = [decode._row(row, rate, load_hardware()["h200"], shape) for row in impossible_rows(shape)]
+    assert [row.status for row in made] == ["invalid", "invalid"]
+    assert made[0].reason.startswith("decode time not positive: the 9-token calls' median (0.112 s)")
+    assert "above the datasheet's 4800 GB/s: beyond physics" in made[1].reason
+    runs = tmp_path / "runs"
+    source = REPO_RUNS / "cpu/20261201T175648Z-decode.json"
+    data = json.loads(source.read_text())
+    data["profile"]["hardware"] = "h200"
+    data["sweep"] += [schema.encode(row) for row in made]
+    (runs / "h200").mkdir(parents=True)
+    (runs / "h200" / source.name).write_text(json.dumps(data))
+    record = schema.read_result(runs / "h200" / source.name, "decode").record
+    assert [p.status for p in record.sweep][-2:] == ["invalid", "invalid"]  # kept in the file, with the reason
+    written = tables.write_tables(runs, tmp_path / "tables", ledger=tmp_path / "claims.md")
+    shown = "".join(path.read_text() for path in written if path.suffix == ".md")
+    valid = [p for p in record.sweep if p.status == "ok"]
+    assert all(f"{p.achieved_gb_s:.1f}" in shown for p in valid)  # the file's valid rows are tabled
+    assert f"{made[1].decode_tokens_per_s:.1f}" not in shown
+    assert f"{made[1].achieved_gb_s:.1f}" not in shown and f"{made[1].achieved_gb_s:.0f}" not in shown
+    assert all(f"{row.achieved_gb_s:.0f} GB/s" not in claim.measured for claim in claims.ledger(
+        tables.headline(schema.load_results(runs))) for row in made)  # fmt: skip
+
+
+def test_an_engine_stuck_past_its_limit_is_stopped_with_its_child_and_leaves_an_error_row(monkeypatch, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.catalog.profiles import load_hardware
+    from benchmarks.run import decode
+
+    child = tmp_path / "child.pid"  # as vLLM's engine core: a process of the worker's own
+    stuck = (
+        "import subprocess, time; p = subprocess.Popen(['sleep', '60']); "
+        f"open({str(child)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    )
+    monkeypatch.setattr(decode, "WORKER", [sys.executable, "-c", stuck])
+    started = time.monotonic()
+    rows = list(decode._engine_rows({"engine": "vllm"}, None, load_hardware()["cpu"], load_shapes()["tiny"], 2.0))
+    assert time.monotonic() - started < 20
+    assert [(r.status, r.reason) for r in rows] == [
+        ("error", "stopped at the engine's limit of 2 s (engine_limit_s) after 0 point(s)")
+    ]
+    pid = int(child.read_text())
+    time.sleep(0.2)
+    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+    assert state in ("", "Z"), state  # gone (or a zombie awaiting its reaper), not sleeping on

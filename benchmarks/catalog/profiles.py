@@ -157,6 +157,7 @@ class DecodeBench:
     new_tokens: int
     repeats: int
     max_prefill_tokens: int  # a point whose batch x context passes this is skipped as too slow here
+    engine_limit_s: float  # one engine's worker, start to last point: stopped past it, with an error row
     # One GRPO step's rollout, for the projections: prompts x num_generations sequences.
     rollout_prompts: int
     rollout_num_generations: int

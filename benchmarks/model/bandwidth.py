@@ -101,7 +101,7 @@ def projections(profile: Any, ceiling_gb_s: float) -> list[dict[str, Any]]:
 
 def projections_at_fraction(profile: Any, fraction: float) -> list[dict[str, Any]]:
     """The same rollouts on every class with a spec, at the fraction of its spec that this run's decode
-    achieved (its best row not bound by kernel launches): what this engine would do there."""
+    achieved (the median of its valid rows not bound by kernel launches): what this engine would do there."""
     basis = f"decode as achieved here: {fraction:.0%} of spec"
     return [
         row

@@ -17,15 +17,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from benchmarks.catalog.profiles import load_hardware, load_shapes
+from benchmarks.catalog.profiles import Hardware, load_hardware, load_shapes
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.bandwidth import decode_step_bytes, projections, projections_at_fraction
 from benchmarks.model.estimate import DTYPE_BYTES
@@ -33,6 +35,7 @@ from benchmarks.results import schema
 from benchmarks.run import devices, machine
 from benchmarks.run.bandwidth_probe import ceiling as ceiling_of
 from benchmarks.run.bandwidth_probe import probe
+from benchmarks.run.ceilings import INVALID, decode_fault
 from benchmarks.run.configuration import VLLM_CPU_ENV
 from benchmarks.run.model_dirs import build_on_device, materialise_recorded
 
@@ -94,6 +97,8 @@ def transformers_engine(job: dict) -> Callable[[list[list[int]], int], None]:
             torch.cuda.synchronize()
 
     generate.compiled = lambda: hasattr(model, "_compiled_call")  # generate compiled the decode step (graphs)
+    # inductor's count of compiled graphs it ran without CUDA graphs (a mutated input, a CPU tensor): observed
+    generate.graph_skips = lambda: torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
     return generate
 
 
@@ -141,11 +146,22 @@ NOT_COMPILED = (
 )
 
 
-def checked_execution(job: dict, generate: Callable, cuda: bool) -> str:
-    """How the engine ran, checked where it can be: graphs asked for on CUDA but never compiled are eager."""
+# A graphs row whose compiled step inductor ran without CUDA graphs: observed, and so bound by launches
+GRAPHS_SKIPPED = (
+    "static KV cache, compiled, but inductor ran it without CUDA graphs (cudagraph_skips counted); bound by kernel "
+    "launches, not bandwidth"
+)
+
+
+def checked_execution(job: dict, generate: Callable, cuda: bool, skips_before: int = 0) -> str:
+    """How the engine ran, checked where it can be: graphs asked for on CUDA but never compiled, or compiled and
+    run without graphs (inductor counts each skip), are launch-bound."""
     claimed = execution(job["engine"], cuda)
-    if job["engine"] == "transformers-graphs" and cuda and not generate.compiled():
-        return NOT_COMPILED
+    if job["engine"] == "transformers-graphs" and cuda:
+        if not generate.compiled():
+            return NOT_COMPILED
+        if generate.graph_skips() > skips_before:  # this point's compile (its warm-up) skipped graphs
+            return GRAPHS_SKIPPED
     return claimed
 
 
@@ -158,10 +174,11 @@ def measure(job: dict, shape: Shape, generate: Callable[[list[list[int]], int], 
     warmup_tokens = new_tokens + 1 if job["engine"] == "transformers-graphs" else 2
     for batch, context in job["points"]:
         prompts = [[3 + (i * 7 + j) % (shape.vocab_size - 3) for j in range(context)] for i in range(batch)]
+        skips_before = generate.graph_skips() if hasattr(generate, "graph_skips") else 0
         started = time.perf_counter()
         generate(prompts, warmup_tokens)  # warm-up at this size
         warmup_s = time.perf_counter() - started
-        how = checked_execution(job, generate, cuda)
+        how = checked_execution(job, generate, cuda, skips_before)
         ttft, full = [], []
         for _ in range(repeats):
             started = time.perf_counter()
@@ -207,11 +224,11 @@ def run_sweep(
     model_dir: str,
     shape: Shape,
     ceiling: schema.BestKernel,
-    spec_gb_s: float | None,
+    hardware: Hardware,
     add: Callable[[schema.DecodePoint], None],
 ) -> None:
     """Every engine x point of the profile's sweep, one worker process per engine; each row ``add``ed as it
-    is measured."""
+    is measured, and judged against what physics allows on ``hardware``."""
     settings = profile.decode
     points = [(b, c) for b in settings.batches for c in settings.contexts if b * c <= settings.max_prefill_tokens]
     for engine in settings.engines:
@@ -240,38 +257,58 @@ def run_sweep(
             "repeats": settings.repeats,
         }
         print(f"decoding with {engine}: {len(points)} points ...", flush=True)
-        for row in _engine_rows(job, ceiling, spec_gb_s):
+        for row in _engine_rows(job, ceiling, hardware, shape, settings.engine_limit_s):
             add(row)
 
 
-def _engine_rows(job: dict, ceiling: schema.BestKernel, spec_gb_s: float | None) -> Iterator[schema.DecodePoint]:
-    """One engine's rows from its worker process as it prints them, then an error row if it failed."""
+WORKER = [sys.executable, "-m", "benchmarks.run.decode"]  # one engine's decode worker: the job on stdin
+
+
+def _engine_rows(
+    job: dict, ceiling: schema.BestKernel, hardware: Hardware, shape: Shape, limit_s: float
+) -> Iterator[schema.DecodePoint]:
+    """One engine's rows from its worker process as it prints them, then an error row if it failed or ran past
+    ``limit_s`` (its whole process group is killed then: vLLM's engine core included)."""
     env = {**os.environ, **VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": "4"}
-    command = [sys.executable, "-m", "benchmarks.run.decode"]
     with tempfile.TemporaryFile("w+") as errors:
         with subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=env
-        ) as worker:
+            WORKER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=env,
+            start_new_session=True,
+        ) as worker:  # fmt: skip
+            fired = threading.Event()
+            timer = threading.Timer(limit_s, lambda: fired.set() or os.killpg(worker.pid, signal.SIGKILL))
+            timer.start()
+            rows = 0
             try:
                 worker.stdin.write(json.dumps(job))
                 worker.stdin.close()
                 for line in worker.stdout:
                     if line.startswith("{"):
-                        yield _row(json.loads(line), ceiling, spec_gb_s)
+                        rows += 1
+                        yield _row(json.loads(line), ceiling, hardware, shape)
                 worker.wait()
             finally:  # stopped meanwhile: the worker goes too
+                timer.cancel()
                 if worker.poll() is None:
-                    worker.kill()
-        if worker.returncode != 0:
+                    os.killpg(worker.pid, signal.SIGKILL)
+        if fired.is_set():
+            why = f"stopped at the engine's limit of {limit_s:g} s (engine_limit_s) after {rows} point(s)"
+            yield schema.DecodePoint(engine=job["engine"], status="error", reason=why)
+        elif worker.returncode != 0:
             errors.seek(0)
             yield schema.DecodePoint(engine=job["engine"], status="error", reason=errors.read()[-2000:])
 
 
-def _row(measured: dict, ceiling: schema.BestKernel, spec_gb_s: float | None) -> schema.DecodePoint:
+def _row(measured: dict, ceiling: schema.BestKernel, hardware: Hardware, shape: Shape) -> schema.DecodePoint:
+    """A worker's row with its efficiencies; ``invalid``, with the reason, where physics does not allow it."""
     row = schema.decode(schema.DecodePoint, {**measured, "status": "ok"}, f"decode {measured['engine']}")
+    spec = hardware.spec_bandwidth_gb_s
     row.efficiency_vs_ceiling = row.achieved_gb_s / ceiling.median_gb_s
     row.within_ceiling = row.achieved_gb_s <= ceiling.max_gb_s  # the median plus the probe's spread
-    row.efficiency_vs_spec = row.achieved_gb_s / spec_gb_s if spec_gb_s and not row.launch_bound else None
+    row.efficiency_vs_spec = row.achieved_gb_s / spec if spec and not row.launch_bound else None
+    fault = decode_fault(row, shape, ceiling.max_gb_s, spec, hardware.peak_bf16_tflops)
+    if fault:
+        row.status, row.reason = INVALID, fault
     return row
 
 
@@ -325,16 +362,17 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     with schema.marked_incomplete(path, result):
         shape = load_shapes()[settings.shape]
         model_dir = str(materialise_recorded(settings.shape, settings.dtype, settings.weights, result.built_models))
-        spec = load_hardware()[profile.hardware].spec_bandwidth_gb_s
+        hardware = load_hardware()[profile.hardware]
 
         def add(row: schema.DecodePoint) -> None:
             result.sweep.append(row)
             schema.write(path, result)
 
-        run_sweep(profile, model_dir, shape, best, spec, add)
-        achieved = [row.efficiency_vs_spec for row in result.sweep if row.efficiency_vs_spec]
+        run_sweep(profile, model_dir, shape, best, hardware, add)
+        # the fraction of spec a valid row not bound by launches achieved: their median, not their luckiest
+        achieved = [row.efficiency_vs_spec for row in result.sweep if row.status == "ok" and row.efficiency_vs_spec]
         if achieved and profile.hardware != "cpu":
-            rows = projections_at_fraction(profile, max(achieved))
+            rows = projections_at_fraction(profile, statistics.median(achieved))
             result.projections += [schema.decode(schema.Projection, row, "projection") for row in rows]
     return path
 
