@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from benchmarks import REPO, estimating, planning, summaries
-from benchmarks.catalog import machines, profiles
+from benchmarks.catalog import gpus, machines, profiles
 from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.model import fit
 from benchmarks.report import compare, figures, site, tables
@@ -41,8 +41,8 @@ RESULTS = REPO / "results" / "runs"
 
 
 def detect(nvml: object = None) -> tuple[str, str | None, str]:
-    """(profile, hardware class or None for the profile's own, what was seen) for this machine: from
-    the first visible CUDA device's name and memory (NVML, no CUDA context), else ``cpu``."""
+    """(profile, hardware class or None for the profile's own, what was seen) for this machine: from the GPUs
+    the run uses (``devices.choice``: the same decision as the install's, NVML, no CUDA context), else ``cpu``."""
     gpus = devices.visible_gpus(nvml)
     if not gpus:
         listed = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -50,8 +50,21 @@ def detect(nvml: object = None) -> tuple[str, str | None, str]:
         return "cpu", None, f"no CUDA device ({why})"
     first = gpus[0]
     profile, hardware = machines.classify(first.name, first.memory_gib, len(gpus))
-    many = f"{len(gpus)} CUDA devices, the first" if len(gpus) > 1 else "CUDA device"
+    many = f"{len(gpus)} x" if len(gpus) > 1 else "CUDA device"
     return profile, hardware, f"{many} {first.name} ({first.memory_gib:g} GiB, {first.memory_source})"
+
+
+def pin_devices(nvml: object = None) -> None:
+    """Before any part: CUDA numbers devices as NVML does (PCI order), and where models are mixed the run is
+    pinned to the chosen ones (``CUDA_VISIBLE_DEVICES``) with a word saying so; a refused list (MIG) stops here."""
+    chosen = devices.choice(nvml)
+    if isinstance(chosen, str):
+        raise SystemExit(chosen)
+    if chosen.devices:
+        os.environ.update(gpus.DEVICE_ORDER)
+    if chosen.placed:
+        print(chosen.note)
+        os.environ["CUDA_VISIBLE_DEVICES"] = chosen.placed
 
 
 def chosen_profile(name: str | None, hardware: str | None, quick: bool = False) -> profiles.Profile:
@@ -157,6 +170,7 @@ def run_site(args: argparse.Namespace) -> int:
 
 def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print_environment()
+    pin_devices()
     try:
         profile = chosen_profile(args.profile, args.hardware, args.quick)
     except profiles.ProfileError as error:
@@ -384,9 +398,18 @@ def calibrated(profile: profiles.Profile) -> schema.Calibration | None:
     return found
 
 
+def print_predicted_fits(profile: profiles.Profile) -> None:
+    """The memory model's verdict on each GRPO configuration, before it runs; the generic class on this device's
+    own memory."""
+    device = devices.visible_gpus()
+    for predicted in fit.predicted_fits(profile, device[0].memory_gib if device else 0.0):
+        print(f"  the memory model: {predicted.line()}")
+
+
 def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """The profile's parts (or those ``--only`` names), each writing its result file, then the run's pace."""
     print_environment()
+    pin_devices()
     try:
         profile = chosen_profile(args.profile, args.hardware, args.quick)
     except profiles.ProfileError as error:
@@ -407,8 +430,7 @@ def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "and no GRPO configuration"
         )
     print(f"profile {profile.name}{' (quick)' if args.quick else ''}: {profile.question}")
-    for predicted in fit.predicted_fits(profile):
-        print(f"  the memory model: {predicted.line()}")
+    print_predicted_fits(profile)
     fix_malloc_thresholds(profile)
     started = time.monotonic()
     calibration = calibrated(profile)

@@ -306,7 +306,7 @@ def test_a_decode_row_beyond_physics_is_invalid_in_its_file_and_absent_from_ever
         tables.headline(schema.load_results(runs))) for row in made)  # fmt: skip
 
 
-def test_an_engine_stuck_past_its_limit_is_stopped_with_its_child_and_leaves_an_error_row(monkeypatch, tmp_path):
+def test_an_engine_pinned_to_its_gpu_and_stuck_past_its_limit_is_stopped_with_an_error_row(monkeypatch, tmp_path):
     import subprocess
     import sys
     import time
@@ -316,17 +316,20 @@ def test_an_engine_stuck_past_its_limit_is_stopped_with_its_child_and_leaves_an_
 
     child = tmp_path / "child.pid"  # as vLLM's engine core: a process of the worker's own
     stuck = (
-        "import subprocess, time; p = subprocess.Popen(['sleep', '60']); "
-        f"open({str(child)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+        "import os, subprocess, time; p = subprocess.Popen(['sleep', '60']); "
+        f"open({str(child)!r}, 'w').write(str(p.pid) + ' ' + os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(60)"
     )
     monkeypatch.setattr(decode, "WORKER", [sys.executable, "-c", stuck])
     started = time.monotonic()
-    rows = list(decode._engine_rows({"engine": "vllm"}, None, load_hardware()["cpu"], load_shapes()["tiny"], 2.0))
+    pinned = {"CUDA_VISIBLE_DEVICES": "GPU-00000001-fake"}  # the GPU the part's file names
+    hardware, shape = load_hardware()["cpu"], load_shapes()["tiny"]
+    rows = list(decode._engine_rows({"engine": "vllm"}, None, hardware, shape, 2.0, pinned))
     assert time.monotonic() - started < 20
     assert [(r.status, r.reason) for r in rows] == [
         ("error", "stopped at the engine's limit of 2 s (engine_limit_s) after 0 point(s)")
     ]
-    pid = int(child.read_text())
+    pid, seen = child.read_text().split()
+    assert seen == "GPU-00000001-fake"  # the engine ran pinned to the part's GPU
     time.sleep(0.2)
-    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+    state = subprocess.run(["ps", "-o", "stat=", "-p", pid], capture_output=True, text=True).stdout.strip()
     assert state in ("", "Z"), state  # gone (or a zombie awaiting its reaper), not sleeping on

@@ -61,6 +61,11 @@ class FakeNVML:
             raise self.NVMLError_NotSupported("Not Supported")
         return SimpleNamespace(total=gpu["total"], used=gpu["used"], free=gpu["total"] - gpu["used"])
 
+    def nvmlDeviceGetMigMode(self, handle: int) -> list:  # noqa: N802
+        if "mig" not in self.gpus[handle]:  # a card without MIG
+            raise self.NVMLError_NotSupported("Not Supported")
+        return [int(self.gpus[handle]["mig"]), int(self.gpus[handle]["mig"])]  # current, pending
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list:  # noqa: N802
         gpu = self.gpus[handle]
         processes = gpu.get("processes", {})
@@ -82,10 +87,16 @@ def gpu(name: str, memory_gib: float, index: int = 0, **more) -> dict:
         ("NVIDIA L4", 22.49, ("24gb", "l4")),
         ("NVIDIA A10G", 22.49, ("24gb", "a10g")),
         ("NVIDIA H100 80GB HBM3", 79.65, ("h100", "h100")),
-        ("NVIDIA A100-SXM4-80GB", 80.0, ("gpu", "a100-80")),
+        ("NVIDIA A100-SXM4-80GB", 80.0, ("h100", "a100-80")),  # the 80 GB question
         ("NVIDIA A100-SXM4-40GB", 40.0, ("gpu", "a100-40")),
         ("NVIDIA RTX A5000", 23.99, ("24gb", "gpu")),  # a 24 GB card by its memory
-        ("NVIDIA L40S", 44.4, ("gpu", "gpu")),  # not the L4
+        ("NVIDIA L40S", 44.99, ("48gb", "l40s")),  # not the L4
+        ("NVIDIA RTX A6000", 47.99, ("48gb", "a6000")),
+        ("NVIDIA H100 PCIe", 79.65, ("h100", "h100-pcie")),  # the longer name over "H100", same memory
+        ("NVIDIA H100 NVL", 93.58, ("h100", "h100-nvl")),
+        ("NVIDIA H20", 95.58, ("h100", "h20")),  # not the H200
+        ("NVIDIA GH200 480GB", 95.58, ("h100", "gh200")),  # not the H200 either
+        ("NVIDIA A40", 44.99, ("gpu", "gpu")),  # unknown: the generic class, sized from its own memory
     ],
 )
 def test_a_device_gets_its_profile_and_hardware_class(name, memory_gib, expected):

@@ -5,6 +5,7 @@ PyPI (without installing) to one torch and a vLLM inside TRL's supported range."
 
 import inspect
 import json
+import os
 import platform
 import re
 import shutil
@@ -15,17 +16,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_devices import GIB, FakeNVML
 
-from benchmarks import REPO
+from benchmarks import REPO, cli
 from benchmarks.catalog import machines
 from benchmarks.catalog.profiles import configurations, load, load_hardware, load_shapes
 from benchmarks.model.estimate import as_run
 from benchmarks.model.fit import predicted_fits
-from benchmarks.run import pace
+from benchmarks.run import devices, pace
 
 RECORDED = machines.load_machines()
 MACHINES = {name: recorded.machine for name, recorded in RECORDED.items()}
-STOPPED = ("h100x8-driver550", "h100x8-driver570", "h100x8-driver570-no-toolkit")
+STOPPED = ("h100x8-driver550", "h100x8-driver570", "h100x8-driver570-no-toolkit", "a100x8-driver570")
 # machine -> (stack, profile, parts)
 RUNS = {
     "h100x8-driver580": ("cu130", "h100-node", ("decode", "grpo", "distributed")),
@@ -34,6 +36,14 @@ RUNS = {
     "dgx-spark": ("cu130", "spark", ("decode", "grpo")),
     "h100x8-driver570-compat13": ("cu130", "h100-node", ("decode", "grpo", "distributed")),
     "h100x8-driver570-profile-cpu": ("cpu", "cpu", ("rewards", "decode", "grpo", "distributed")),
+    "rtx4090-ubuntu2404-driver580": ("cu130", "24gb", ("decode", "grpo")),
+    "a100x8-driver580": ("cu130", "h100-node", ("decode", "grpo", "distributed")),
+    "gh200": ("cu130", "h100", ("decode", "grpo")),
+    "l40sx4-driver580": ("cu130", "48gb", ("decode", "grpo")),
+    "mixed-a100-h100": ("cu130", "h100-node", ("decode", "grpo", "distributed")),
+    "h100x8-two-by-index": ("cu130", "h100-node", ("decode", "grpo", "distributed")),
+    "h100x8-one-by-uuid": ("cu130", "h100", ("decode", "grpo")),
+    "h100x8-hidden": ("cpu", "cpu", ("rewards", "decode", "grpo", "distributed")),
 }
 # machine -> words its one stop line holds
 OTHER_STOPS = {
@@ -41,6 +51,8 @@ OTHER_STOPS = {
     "h100x1-driver580-no-compiler": ("a C compiler and Python.h not found", "Triton", "build-essential python3.12-dev"),
     "rtx4090-driver570": ("driver 570.172.08 found", "needs driver 580 or newer", "not offered on GeForce"),
     "h100x8-nvidia-smi-fails": ("nvidia-smi is installed but failed", "version mismatch", "--profile cpu"),
+    "h100-mig": ("GPU 0 (NVIDIA H100 80GB HBM3) has MIG mode enabled", "MIG slices are not measured", "-mig 0"),
+    "h100x8-mig-slice-listed": ("names the MIG slice MIG-6f2b5e2c", "MIG slices are not measured", "GPU- UUID"),
 }
 
 
@@ -166,6 +178,10 @@ def test_a_first_run_on_a_gpu_class_says_how_long_it_will_take_and_that_it_is_a_
         profile = load(plan.profile, hardware=plan.hardware)
         estimates = pace.estimate_run([], profile, profile.parts, False, calibration=None)
         line = pace.estimate_line(estimates)
+        card = load_hardware()[plan.hardware]
+        if not (card.peak_bf16_tflops and card.spec_bandwidth_gb_s):  # no datasheet figure to time it by
+            assert line.startswith("estimate: none for the whole run"), line
+            continue
         assert all(e.predicted and e.seconds > 0 for e in estimates), line
         assert line.startswith("estimate: ~") and "predicted: the time model" in line
 
@@ -187,11 +203,62 @@ def test_nvidia_smi_is_read_as_the_plan_reads_it(tmp_path, monkeypatch):
 
 
 def fake_smi(tmp_path: Path, monkeypatch, row: str, count: int) -> None:
-    """An ``nvidia-smi`` on PATH that answers the query with ``count`` rows."""
+    """An ``nvidia-smi`` on PATH that answers the query with ``count`` GPUs alike: ``row`` is name, memory, driver."""
+    name, memory, driver = row.split(", ")
+    smi_rows(tmp_path, monkeypatch, [f"{i}, GPU-{i:08d}-fake, {name}, {memory}, {driver}, [N/A]" for i in range(count)])
+
+
+def smi_rows(tmp_path: Path, monkeypatch, rows: list[str]) -> None:
+    """An ``nvidia-smi`` on PATH that answers the query with ``rows`` (machines.SMI_FIELDS)."""
     smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\nfor i in $(seq {count}); do echo '{row}'; done\n")
+    smi.write_text("#!/bin/sh\n" + "".join(f"echo '{row}'\n" for row in rows))
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+
+
+WITH_DEVICES = {name: table for name, table in machines._toml("machines").items() if "devices" in table}
+
+
+@pytest.mark.parametrize("name", sorted(WITH_DEVICES))
+def test_install_and_run_name_the_same_gpus_and_class_on_every_recorded_machine(name, tmp_path, monkeypatch):
+    """The install reads nvidia-smi, the run NVML: on the same devices and CUDA_VISIBLE_DEVICES both decide the
+    same GPUs, class and profile, or refuse them in the same line."""
+    table = WITH_DEVICES[name]
+    listed = table.get("cuda_visible_devices")
+    environ = {} if listed is None else {"CUDA_VISIBLE_DEVICES": listed}
+    recorded = machines._recorded_devices(table["devices"])
+    mig = {True: "Enabled", False: "Disabled"}
+    smi_rows(tmp_path, monkeypatch, [
+        f"{d.index}, {d.uuid}, {d.name}, {round(d.memory_gib * 1024)}, {table['driver']}, {mig[d.mig]}"
+        for d in recorded
+    ])  # fmt: skip
+    installed = machines.read(environ)
+    assert installed == replace(MACHINES[name], **{f: getattr(installed, f) for f in SYSTEM})  # as recorded
+    nvml = FakeNVML(*({"name": d.name, "uuid": d.uuid, "total": int(d.memory_gib * GIB), "used": 0, "mig": d.mig}
+                      for d in recorded))  # fmt: skip
+    chosen = devices.choice(nvml, environ)
+    if isinstance(chosen, str):
+        assert installed.gpu_refusal == chosen and first_minute(name) == chosen
+        return
+    assert (installed.gpus, installed.placed) == (len(chosen.devices), chosen.placed)
+    for name_set_by_the_run in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):  # restored after the test
+        monkeypatch.setenv(name_set_by_the_run, "")
+        monkeypatch.delenv(name_set_by_the_run)
+    if listed is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+    cli.pin_devices(nvml)  # as the run does first: mixed models pinned to the chosen ones
+    profile, hardware, seen = cli.detect(nvml)
+    if not chosen.devices:
+        assert (installed.driver, profile, hardware) == (None, "cpu", None)
+        return
+    assert installed.gpu_name == chosen.devices[0].name and devices.visible_gpus(nvml) == list(chosen.devices)
+    assert (profile, hardware) == machines.classify(installed.gpu_name, installed.gpu_memory_gib, installed.gpus)
+    plan = first_minute(name)  # or the driver's stop line, which the run never reaches
+    assert isinstance(plan, str) or (profile, hardware) == (plan.profile, plan.hardware), seen
+    assert not chosen.placed or os.environ["CUDA_VISIBLE_DEVICES"] == chosen.placed == plan.env["CUDA_VISIBLE_DEVICES"]
+
+
+SYSTEM = ("python", "compiler", "python_headers", "toolkit", "cuda_driver", "architecture")
 
 
 def test_the_bench_session_stops_before_installing_anything_on_an_old_driver(tmp_path, monkeypatch):

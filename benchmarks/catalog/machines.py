@@ -21,9 +21,10 @@ import sysconfig
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from benchmarks import REPO
-from benchmarks.catalog import interpreter
+from benchmarks.catalog import gpus, interpreter
 from benchmarks.catalog.levers import ProfileError
 from benchmarks.catalog.profiles import load, load_hardware
 
@@ -49,6 +50,9 @@ class Machine:
     compiler: bool = True  # $CC, gcc or clang on PATH, as Triton looks for one
     python_headers: bool = True  # Python.h in this Python's include directory
     smi_error: str = ""  # nvidia-smi is there but failed: its own words
+    gpu_refusal: str = ""  # the GPUs cannot be measured as listed (MIG): the one line that says why
+    gpu_note: str = ""  # mixed models: which run and which stay idle
+    placed: str | None = None  # the CUDA_VISIBLE_DEVICES that pins the run to its GPUs (mixed models only)
 
     @property
     def driver_branch(self) -> int:
@@ -99,11 +103,50 @@ class Recorded:
 
 @functools.cache
 def load_machines() -> dict[str, Recorded]:
+    """Every recorded machine: its fields as given, or, where it records ``devices`` (and the
+    ``cuda_visible_devices`` its user sets), its GPUs decided from those as ``read`` decides them."""
     recorded = {}
     for name, table in _toml("machines").items():
         profile = table.pop("profile", None)
-        recorded[name] = Recorded(Machine(**table), profile)
+        listed = table.pop("cuda_visible_devices", None)
+        if "devices" in table:
+            table["devices"] = _recorded_devices(table["devices"])
+            recorded[name] = Recorded(with_devices(listed=listed, **table), profile)
+        else:
+            recorded[name] = Recorded(Machine(**table), profile)
     return recorded
+
+
+def _recorded_devices(listed: list[dict]) -> list[gpus.Device]:
+    """A recorded machine's GPUs in PCI order: each entry ``count`` times (default once), its UUID the one recorded
+    or ``GPU-<index, 8 digits>-recorded``."""
+    rows = [dict(entry) for entry in listed for _ in range(entry.get("count", 1))]
+    return [
+        gpus.Device(
+            index=i, uuid=row.pop("uuid", f"GPU-{i:08d}-recorded"), **{k: v for k, v in row.items() if k != "count"}
+        )
+        for i, row in enumerate(rows)
+    ]
+
+
+def with_devices(devices: list[gpus.Device], listed: str | None, driver: str, **system: Any) -> Machine:
+    """A machine whose GPUs are ``devices`` (in PCI order) under ``CUDA_VISIBLE_DEVICES`` = ``listed``: the
+    ones ``gpus.choose`` leaves (none visible: a CPU machine), or the line that refuses them."""
+    choice = gpus.choose(devices, listed)
+    if isinstance(choice, str):
+        return Machine(**system, driver=driver, gpu_refusal=choice)
+    if not choice.devices:
+        return Machine(**system)
+    first = choice.devices[0]
+    return Machine(
+        **system,
+        driver=driver,
+        gpu_name=first.name,
+        gpu_memory_gib=first.memory_gib,
+        gpus=len(choice.devices),
+        gpu_note=choice.note,
+        placed=choice.placed,
+    )
 
 
 def _toml(name: str) -> dict:
@@ -123,7 +166,7 @@ def read(environ: dict[str, str] | None = None) -> Machine:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return Machine(**system)
-    query = [smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
+    query = [smi, f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"]
     try:
         done = subprocess.run(query, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as error:
@@ -131,21 +174,21 @@ def read(environ: dict[str, str] | None = None) -> Machine:
     if done.returncode != 0:
         said = " ".join((done.stdout + done.stderr).split())[:300] or "no output"
         return Machine(**system, smi_error=f"exit {done.returncode}: {said}")
-    gpus = [[field.strip() for field in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
-    gpus = _visible(gpus, environ.get("CUDA_VISIBLE_DEVICES"))
-    if not gpus:
+    rows = [[field.strip() for field in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
+    if not rows:
         return Machine(**system)
-    name, memory, driver = gpus[0]
-    toolkit = bool(shutil.which("nvcc") or environ.get("CUDA_HOME"))
-    return Machine(
-        **system,
-        driver=driver,
-        gpu_name=name,
-        gpu_memory_gib=_gib(memory),
-        gpus=len(gpus),
-        toolkit=toolkit,
-        cuda_driver=cuda_driver_version(),
-    )
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    system.update(toolkit=bool(shutil.which("nvcc") or environ.get("CUDA_HOME")), cuda_driver=cuda_driver_version())
+    return with_devices([_device(row) for row in rows], listed, driver=rows[0][4], **system)
+
+
+SMI_FIELDS = "index,uuid,name,memory.total,driver_version,mig.mode.current"
+
+
+def _device(row: list[str]) -> gpus.Device:
+    """One ``SMI_FIELDS`` row of nvidia-smi (MIG mode '[N/A]' where the card has none)."""
+    index, uuid, name, memory, _, mig = row
+    return gpus.Device(int(index), name, uuid, _gib(memory), mig == "Enabled")
 
 
 # cuInit, then cuDriverGetVersion, in a child of its own (a driver that hangs cannot hang the session): the CUDA
@@ -180,16 +223,6 @@ def _compiler(environ: dict[str, str]) -> bool:
 
 def _python_headers() -> bool:
     return (Path(sysconfig.get_paths()["include"]) / "Python.h").exists()
-
-
-def _visible(gpus: list[list[str]], listed: str | None) -> list[list[str]]:
-    """The rows CUDA_VISIBLE_DEVICES leaves (indices only; a UUID list keeps them all, as counted by it)."""
-    if listed is None:
-        return gpus
-    items = [item.strip() for item in listed.split(",") if item.strip()]
-    if all(item.isdigit() for item in items):
-        return [gpus[int(item)] for item in items if int(item) < len(gpus)]
-    return gpus[: len(items)]
 
 
 def _gib(memory_mib: str) -> float:
@@ -273,16 +306,17 @@ DEEPSPEED_CPU = "DeepSpeed's shared-memory all-reduce, which the CPU ranks use, 
 
 def classify(name: str, memory_gib: float, gpus: int = 1) -> tuple[str, str]:
     """(profile, hardware class) for ``gpus`` CUDA devices named ``name``: the class of ``profiles/hardware.toml``
-    whose ``device_names`` has a word of ``name`` (the closest memory among several), and its profile (its
+    whose ``device_names`` has the longest match in ``name`` (the closest memory among several), and its profile (its
     ``node_profile`` where several GPUs are visible and it has one); else a 24 GB card's profile, or the ``gpu``
     profile, on the generic ``gpu`` class (its memory: the device's own, in the result file)."""
     named = [
-        (key, hardware)
+        (len(word), key, hardware)
         for key, hardware in load_hardware().items()
-        if any(re.search(rf"\b{re.escape(word)}\b", name) for word in hardware.device_names)
+        for word in hardware.device_names
+        if re.search(rf"\b{re.escape(word)}\b", name)
     ]
-    if named:
-        key, hardware = min(named, key=lambda item: abs(item[1].memory_gib - memory_gib))
+    if named:  # the longest name that matches ("H100 PCIe" over "H100"), then the closest memory
+        _, key, hardware = min(named, key=lambda item: (-item[0], abs(item[2].memory_gib - memory_gib)))
         node = hardware.node_profile if gpus > 1 else None
         return node or hardware.profile or "gpu", key
     if 20 <= memory_gib <= 26:
@@ -315,8 +349,13 @@ class BenchPlan:
     @property
     def env(self) -> dict[str, str]:
         """The run's environment: no GPU visible to a CPU stack's run on a GPU machine (CUDA and NVML's reading of
-        ``CUDA_VISIBLE_DEVICES`` alike), so that nothing it measures is filed from a GPU under the cpu class."""
-        return {"CUDA_VISIBLE_DEVICES": "-1"} if self.hides_gpus else {}
+        ``CUDA_VISIBLE_DEVICES`` alike), so that nothing it measures is filed from a GPU under the cpu class; on
+        GPUs, CUDA numbering them as NVML does, pinned to the chosen ones where models are mixed."""
+        if self.hides_gpus:
+            return {"CUDA_VISIBLE_DEVICES": "-1"}
+        if not self.stack.cuda:
+            return {}
+        return {**gpus.DEVICE_ORDER, **({"CUDA_VISIBLE_DEVICES": self.machine.placed} if self.machine.placed else {})}
 
     def lines(self) -> list[str]:
         machine = self.machine
@@ -347,6 +386,8 @@ def plan(machine: Machine, profile: str | None = None) -> BenchPlan | str:
     old = interpreter.too_old(_version(machine.python))
     if old:
         return old
+    if machine.gpu_refusal and profile != "cpu":
+        return machine.gpu_refusal
     if machine.smi_error and profile != "cpu":
         return (
             f"nvidia-smi is installed but failed ({machine.smi_error}): the NVIDIA driver does not answer, so no GPU "
@@ -401,7 +442,7 @@ def recorded_install(stack: Stack, results: Path = REPO / "results" / "runs") ->
 
 def _notes(machine: Machine, hardware: str | None) -> list[str]:
     """What the person at the machine should know before it starts."""
-    notes = []
+    notes = [machine.gpu_note] if machine.gpu_note else []
     cluster = load_hardware()[hardware].cluster_profiles if hardware else ()
     if machine.gpus >= 4 and cluster:
         runs = ", ".join(f"`nox -s bench -- --profile {name}`" for name in cluster)

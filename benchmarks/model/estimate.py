@@ -181,8 +181,10 @@ def _optimizer(est: Estimate, step: _Step) -> int:
     est.add("training", "gradients", trainable * step.trainable_bytes)
     # The optimizer state lives across steps, rollout included; the gradients' memory, freed after
     # each step (zero_grad(set_to_none=True)), stays with the allocator (glibc's heap on CPU, the
-    # caching allocator on CUDA), so the next rollout holds it too.
-    if step.cuda or not step.malloc_fixed:
+    # caching allocator on CUDA), so the next rollout holds it too; except where TRL 1.16 empties torch's cache
+    # before it wakes a sleeping colocated engine (trl/generation/vllm_generation.py, sync_weights).
+    emptied = step.cuda and levers.use_vllm and levers.vllm_enable_sleep_mode and levers.vllm_mode == "colocate"
+    if (step.cuda or not step.malloc_fixed) and not emptied:
         kept = trainable * step.trainable_bytes
         est.add("rollout", "freed_gradients", kept, "freed after the step, kept by the allocator")
     embedding = step.shape.vocab_size * step.shape.hidden_size

@@ -4,6 +4,7 @@ GPU class a first run's time, part by part, where no earlier run of the profile 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -60,9 +61,15 @@ def as_run_configurations(profile: Profile, part: str) -> Iterator[tuple[str, Gr
         yield name, bench, as_run(bench, levers, shape, hardware), shape
 
 
-def predicted_fits(profile: Profile) -> list[PredictedFit]:
-    """Every GRPO configuration of ``profile``'s parts, in the order they run, against the model on its class."""
+def predicted_fits(profile: Profile, device_memory_gib: float = 0.0) -> list[PredictedFit]:
+    """Every GRPO configuration of ``profile``'s parts, in the order they run, against the model on its class; a
+    class of no memory of its own (the generic ``gpu``) on ``device_memory_gib``, the device's, read at run time
+    (none known: no prediction)."""
     hardware = load_hardware()[profile.hardware]
+    if not hardware.memory_gib:
+        if not device_memory_gib:
+            return []
+        hardware = dataclasses.replace(hardware, memory_gib=device_memory_gib)
     found = []
     for part in (p for p in profile.parts if p in GRPO_PARTS):
         for name, bench, levers, shape in as_run_configurations(profile, part):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.results.records import Pace, RunFile, ShapeRecord
+from benchmarks.results.records import Gpu, Pace, RunFile, ShapeRecord
 
 
 @dataclass(kw_only=True)
@@ -95,6 +95,7 @@ class DecodeFile(RunFile):
     device_ceiling: BestKernel | None = None
     projections: list[Projection] = field(default_factory=list)
     sweep: list[DecodePoint] = field(default_factory=list)
+    gpu: Gpu | None = None  # the one GPU the probe and every engine ran on (CUDA_VISIBLE_DEVICES: its UUID)
 
 
 @dataclass(kw_only=True)

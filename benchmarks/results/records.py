@@ -95,6 +95,7 @@ class Gpu:
     memory_gib: float = 0.0
     memory_source: str = "NVML"
     driver: str = ""
+    mig: bool = False  # MIG mode enabled: refused by the run (benchmarks.catalog.gpus)
 
 
 @dataclass(kw_only=True)

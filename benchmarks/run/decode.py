@@ -226,6 +226,7 @@ def run_sweep(
     ceiling: schema.BestKernel,
     hardware: Hardware,
     add: Callable[[schema.DecodePoint], None],
+    pinned: dict[str, str] | None = None,
 ) -> None:
     """Every engine x point of the profile's sweep, one worker process per engine; each row ``add``ed as it
     is measured, and judged against what physics allows on ``hardware``."""
@@ -257,7 +258,7 @@ def run_sweep(
             "repeats": settings.repeats,
         }
         print(f"decoding with {engine}: {len(points)} points ...", flush=True)
-        for row in _engine_rows(job, ceiling, hardware, shape, settings.engine_limit_s):
+        for row in _engine_rows(job, ceiling, hardware, shape, settings.engine_limit_s, pinned or {}):
             add(row)
 
 
@@ -265,11 +266,11 @@ WORKER = [sys.executable, "-m", "benchmarks.run.decode"]  # one engine's decode 
 
 
 def _engine_rows(
-    job: dict, ceiling: schema.BestKernel, hardware: Hardware, shape: Shape, limit_s: float
+    job: dict, ceiling: schema.BestKernel, hardware: Hardware, shape: Shape, limit_s: float, pinned: dict[str, str]
 ) -> Iterator[schema.DecodePoint]:
     """One engine's rows from its worker process as it prints them, then an error row if it failed or ran past
     ``limit_s`` (its whole process group is killed then: vLLM's engine core included)."""
-    env = {**os.environ, **VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": "4"}
+    env = {**os.environ, **VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": "4", **pinned}
     with tempfile.TemporaryFile("w+") as errors:
         with subprocess.Popen(
             WORKER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=env,
@@ -327,7 +328,9 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     """The decode part: the device's ceiling, the decode sweep, then the rollout projections;
     returns the result file."""
     settings = profile.decode
-    device = "cuda" if devices.visible_gpus() else "cpu"  # NVML: no CUDA context here
+    gpus = devices.visible_gpus()  # NVML: no CUDA context here
+    device = "cuda" if gpus else "cpu"
+    pinned = {"CUDA_VISIBLE_DEVICES": gpus[0].uuid} if gpus else {}  # the probe and every engine: this one GPU
     print(
         f"probing {device} memory bandwidth ({settings.probe_array_mib} MiB arrays, {settings.probe_repeats} repeats)"
     )
@@ -336,7 +339,7 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     job = {
         "probe": {"device": device, "array_bytes": settings.probe_array_mib << 20, "repeats": settings.probe_repeats}
     }
-    done = _decode_process(job, {})
+    done = _decode_process(job, pinned)
     if done.returncode != 0:
         raise RuntimeError(f"the bandwidth probe failed (exit {done.returncode}): {done.stderr[-2000:]}")
     probed = json.loads(done.stdout.strip().splitlines()[-1])
@@ -354,6 +357,7 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
             what="bandwidth-bound decode only (every weight and the whole KV cache read per step); prefill apart",
         ),
         device_ceiling=best,
+        gpu=gpus[0] if gpus else None,
         projections=[
             schema.decode(schema.Projection, row, "projection") for row in projections(profile, best.median_gb_s)
         ],
@@ -368,7 +372,7 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
             result.sweep.append(row)
             schema.write(path, result)
 
-        run_sweep(profile, model_dir, shape, best, hardware, add)
+        run_sweep(profile, model_dir, shape, best, hardware, add, pinned)
         # the fraction of spec a valid row not bound by launches achieved: their median, not their luckiest
         achieved = [row.efficiency_vs_spec for row in result.sweep if row.status == "ok" and row.efficiency_vs_spec]
         if achieved and profile.hardware != "cpu":

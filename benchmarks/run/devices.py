@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.catalog import gpus
 from benchmarks.catalog.machines import classify
 from benchmarks.catalog.profiles import load_hardware
 from benchmarks.results import schema
@@ -80,28 +81,34 @@ def describe(nvml: Any, meminfo: Path = MEMINFO) -> list[schema.Gpu]:
                 memory_gib=round(memory / GIB, 2),
                 memory_source=source,
                 driver=driver,
+                mig=_mig(nvml, handle),
             )
         )
     return found
 
 
-def visible(gpus: list[schema.Gpu], environ: dict[str, str] | None = None) -> list[schema.Gpu]:
-    """The GPUs ``CUDA_VISIBLE_DEVICES`` leaves to CUDA, in CUDA's order (indices or UUIDs; unset: all)."""
+def _mig(nvml: Any, handle: Any) -> bool:
+    """Whether MIG mode is enabled on a device (NOT_SUPPORTED on a card without MIG)."""
+    try:
+        return bool(nvml.nvmlDeviceGetMigMode(handle)[0])
+    except nvml.NVMLError:
+        return False
+
+
+def choice(nvml: Any = None, environ: dict[str, str] | None = None) -> gpus.Choice | str:
+    """The GPUs the run uses (``nvml``, default pynvml; ``environ``'s CUDA_VISIBLE_DEVICES), decided as the
+    install decided them (``benchmarks.catalog.gpus.choose``), or the line that refuses them."""
     listed = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
-    if listed is None:
-        return list(gpus)
-    chosen = []
-    for item in filter(None, (part.strip() for part in listed.split(","))):
-        match = [g for g in gpus if str(g.index) == item or g.uuid.startswith(item)]
-        if not match:  # CUDA stops at the first entry it cannot resolve
-            break
-        chosen.append(match[0])
-    return chosen
+    return gpus.choose(describe(load_nvml() if nvml is None else nvml), listed)
 
 
 def visible_gpus(nvml: Any = None) -> list[schema.Gpu]:
-    """The GPUs CUDA will see here (``nvml``, default pynvml); none without NVML or a driver."""
-    return visible(describe(load_nvml() if nvml is None else nvml))
+    """The GPUs the run uses here; none without NVML or a driver. A refused list (MIG) stops the run with its
+    line: nothing may be measured on a slice as if it were the card."""
+    chosen = choice(nvml)
+    if isinstance(chosen, str):
+        raise SystemExit(chosen)
+    return list(chosen.devices)
 
 
 @dataclass
