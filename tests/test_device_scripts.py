@@ -134,18 +134,39 @@ def test_each_h200_part_s_own_limit_ends_inside_the_script_s_budget_for_it():
 PARENT_SETUP_S = 20  # the parent's imports, calibration and the shape's model directory before the worker starts
 
 
-def test_a_check_that_cannot_import_the_trainer_stops_the_script_before_its_first_grpo_part(tmp_path):
+def test_a_check_that_cannot_import_the_trainer_skips_every_grpo_part_and_still_decodes(tmp_path):
     broken = tmp_path / "site" / "trl"
     broken.mkdir(parents=True)
     (broken / "__init__.py").write_text("raise ImportError('trl: a wheel that did not travel')\n")
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHONPATH": str(tmp_path / "site")}
     env["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    env["H200_PARTS"] = "check grpo-3b decode"
     script = str(REPO / "benchmarks" / "device" / "h200.sh")
     done = subprocess.run(["bash", script, "--rehearse"], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 1 and "no GRPO part started" in done.stdout
-    assert "== grpo-3b" not in done.stdout and not list((tmp_path / "out" / "h200").glob("*.json"))
+    assert done.returncode == 1 and "the parts that need it are skipped" in done.stdout, done.stdout[-2000:]
+    assert "== grpo-3b: skipped: the trainer does not import here" in done.stdout and "decode: done" in done.stdout
+    assert [path.name.split("-", 1)[1] for path in (tmp_path / "out" / "h200").glob("*.json")] == ["decode.json"]
     check = next((tmp_path / "out" / "h200").glob("*-check.txt")).read_text()
     assert "trainer: failed" in check and "a wheel that did not travel" in check and "stop: trainer failed" in check
+
+
+@pytest.mark.parametrize("name, memory, status", [("NVIDIA H200", 140.4, 0), ("NVIDIA H100 80GB HBM3", 79.65, 4)])
+def test_the_check_refuses_a_machine_of_another_kind_before_anything_else(name, memory, status, monkeypatch, tmp_path):
+    from test_devices import FakeNVML, gpu
+
+    from benchmarks.run import devices
+
+    monkeypatch.setattr(devices, "load_nvml", lambda: FakeNVML(gpu(name, memory)))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(preflight, "findings", lambda: iter([("trainer", "GRPOTrainer")]))  # the rest: elsewhere
+    monkeypatch.setattr(sys, "argv", ["preflight", str(tmp_path / "check.txt"), "--kind", "h200"])
+    assert preflight.main() == status
+    lines = (tmp_path / "check.txt").read_text().splitlines()
+    assert lines[0].startswith(f"kind: {'failed: ' if status else ''}1 x {name}")
+    if status:  # an H100 lent for an H200 script: nothing else checked, nothing is filed as an H200's
+        assert "this script needs class h200 (device kind nvidia-h200)" in lines[0] and len(lines) == 1
+    else:
+        assert lines[1] == "trainer: GRPOTrainer"
 
 
 def travelled(tmp_path: Path, changed: str | None = None) -> Path:

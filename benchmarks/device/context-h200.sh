@@ -16,7 +16,8 @@
 # (Unsloth's Studio app, bitsandbytes' libraries for CUDA before 13, ROCm and XPU) and prints the
 # size: about 50 MiB, which with the tree stays under the 64 MiB that travels. Then, on the GPU machine, in the repository root:
 #
-#   bash benchmarks/device/context-h200.sh     # the device tool: carry=[".context-site", ".grpo-bench-commit.json"]
+#   bash benchmarks/device/context-h200.sh     # the device tool: kind="nvidia-h200",
+#                                              # carry=[".context-site", ".grpo-bench-commit.json"]
 #   bash benchmarks/device/context-h200.sh --all-contenders   # TRL 1.16 and Liger too, after the pair
 #
 # `--rehearse` runs the same flow here on the profile's tiny shapes (--quick), every contender by this
@@ -72,6 +73,9 @@ if [ "${1:-}" = "--rehearse" ]; then
 elif [ ! -d "$site/common" ]; then
   echo "no $site: run 'bash $0 --prepare' first, on a machine that reaches PyPI"
   exit 2
+elif ! python3 -c 'import sys; from benchmarks.run.preflight import failed, kind; k = kind("h200"); print("kind:", k); sys.exit(4 if failed(k) else 0)'; then
+  echo "stop: this machine is not an H200: nothing measured; ask the device tool for kind nvidia-h200"
+  exit 4
 fi
 bin="$(mktemp -d /tmp/grpo-bench-context.XXXXXX)"
 interpreter() {  # a contender's name, then its site directories, first on the path (none when rehearsing)

@@ -3,8 +3,10 @@
 # order, each under `timeout` at its own budget (PLAN below), each writing its result file as it measures,
 # so that a part cut at its budget loses at most what it had in progress and the next part still runs:
 #
-#   check     the machine: runtime, git, package versions, the trainer's imports, NVML, expandable segments,
-#             a one-layer NF4 model in bf16 (a text file); the script stops here where a GRPO part cannot run
+#   check     the machine: an H200 (else the script stops: nothing is filed under a class it is not), the
+#             trainer's imports, a one-layer NF4 model in bf16, runtime, git, package versions, NVML, expandable
+#             segments (a text file); a failed gate skips the parts that need it: the trainer every GRPO
+#             part, 4-bit the 3B (8-bit AdamW) and 70B (NF4) rows; decode needs neither and runs
 #   grpo-3b   the 24 GB row: 3B, full fine-tuning, 8-bit AdamW, checkpointing, allocator capped at 22.5 GiB
 #   grpo-32b  the H200 row: 32B, LoRA, checkpointing
 #   decode    8B bf16 decode in CUDA graphs at batch 1 and 64: GB/s against the ceiling and the spec
@@ -22,7 +24,8 @@
 #   bash benchmarks/device/h200.sh --rehearse  # the same flow on this machine, tiny shapes (--quick)
 #   nox -s rehearse                            # that flow in an environment shaped like the image
 #
-# then on the GPU machine (the device tool: carry=[".wheels", ".grpo-bench-commit.json"], timeout_s=600):
+# then on the GPU machine (the device tool: kind="nvidia-h200", carry=[".wheels", ".grpo-bench-commit.json"],
+# timeout_s=600; on another kind the check stops it in seconds):
 #
 #   bash benchmarks/device/h200.sh
 #
@@ -57,9 +60,11 @@ if [ "$mode" = --prepare ]; then
 fi
 
 quick=()
+kind=(--kind h200)  # the check's first gate: the machine is the class every file is filed under
 margin_s=8  # a part's configurations end this long before its budget: time to record them
 if [ "$mode" = --rehearse ]; then
   quick=(--quick)  # the profiles' tiny shapes; the CUDA-only steps skip themselves, saying why
+  kind=()  # this CPU is no H200: the rehearsal checks the flow, not the machine
   # an overrun rehearsed: a part's budget ("grpo-3b=60") and how long before its end its configurations must stop
   for given in ${H200_BUDGETS:-}; do BUDGET_S[${given%=*}]=${given#*=}; done
   margin_s=${H200_DEADLINE_MARGIN_S:-$margin_s}
@@ -83,11 +88,16 @@ mkdir -p "$results/h200"
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 exec > >(tee "$results/h200/$stamp-h200-log.txt") 2>&1
 
-declare -A ended
+declare -A ended skip
 for part in "${PARTS[@]}"; do
+  if [ -n "${skip[$part]:-}" ]; then
+    ended[$part]="skipped: ${skip[$part]}"
+    echo "== $part: ${ended[$part]} =="
+    continue
+  fi
   echo "== $part (budget ${BUDGET_S[$part]} s) =="
   if [ "$part" = check ]; then
-    command=(python3 -m benchmarks.run.preflight "$results/h200/$stamp-check.txt")
+    command=(python3 -m benchmarks.run.preflight "$results/h200/$stamp-check.txt" "${kind[@]}")
   else
     read -ra chosen <<<"${PROFILE[$part]}"
     # its configurations end ~8 s before the part's budget, as timeout records with their phase, not cut from outside
@@ -96,9 +106,20 @@ for part in "${PARTS[@]}"; do
   fi
   status=0
   timeout --signal=TERM --kill-after=10 "${BUDGET_S[$part]}" "${command[@]}" || status=$?
-  if [ "$part" = check ] && [ "$status" -eq 1 ]; then  # its gate: the trainer or 4-bit failed (a timeout is not)
-    echo "check: failed (exit $status): the trainer cannot run here (see its file); no GRPO part started"
-    exit 1
+  if [ "$part" = check ] && [ "$status" -ne 0 ] && [ "$status" -lt 8 ]; then  # its gates (a timeout is none)
+    if [ $((status & 4)) -ne 0 ]; then
+      echo "check: this machine is not an H200 (see its file): nothing measured; ask the device tool for kind nvidia-h200"
+      exit 4
+    fi
+    if [ $((status & 1)) -ne 0 ]; then
+      for gated in grpo-3b grpo-32b grpo-70b; do skip[$gated]="the trainer does not import here (see the check)"; done
+    fi
+    if [ $((status & 2)) -ne 0 ]; then
+      for gated in grpo-3b grpo-70b; do skip[$gated]="${skip[$gated]:-the bitsandbytes CUDA kernels failed (see the check)}"; done
+    fi
+    echo "check: a gate failed (exit $status): the parts that need it are skipped, the rest run"
+    ended[$part]="gate failed (exit $status)"
+    continue
   fi
   case $status in
     0) ended[$part]="done" ;;

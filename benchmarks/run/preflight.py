@@ -4,9 +4,11 @@ that a failed run can be read against it and the next one sized from it.
 
 Each line is ``name: finding``, written to the file as it is found. CUDA checks run in child processes (each
 makes its own CUDA context, as a worker does); where there is no CUDA device they say so and why they were not
-run. The check exits 1, after its last line, where a GRPO part could not run: the trainer does not import (TRL's
-``GRPOTrainer``, peft, datasets building a data set), or on CUDA a one-layer NF4 model cannot be built and run in
-bf16; the device scripts then stop before their first GRPO part.
+run. Its gates come first, and its exit status says which failed, so that a device script runs each part that
+can still run: ``--kind CLASS`` (a script's machine): the first GPU NVML sees is not of that hardware class, exit 4
+at once, nothing else checked (nothing may be filed under a class it is not); else bit 1: the trainer does not
+import (TRL's ``GRPOTrainer``, peft, datasets building a data set): no GRPO part; bit 2: on CUDA a one-layer NF4
+model cannot be built and run in bf16 (bitsandbytes' kernels): no part that quantises. Decode needs neither.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from benchmarks import REPO
-from benchmarks.run import machine
+from benchmarks.catalog.machines import classify
+from benchmarks.run import devices, machine
 
 # Every distribution the harness and the reward library import (tests/test_device_scripts.py holds the list to
 # their sources), and what datasets reads Arrow with: a missing one is named here before any part starts.
@@ -59,8 +63,9 @@ from datasets import Dataset
 rows = Dataset.from_dict({"prompt": ["a", "b"]})
 print(f"GRPOTrainer, peft {peft.__version__} and a data set of {len(rows)} rows")
 """
-# A finding of these that is a failure stops the run: no GRPO part could start
-GATES = ("trainer", "bitsandbytes_4bit")
+# A finding of these that is a failure stops the parts that need it: its bit in the exit status
+GATES = {"trainer": 1, "bitsandbytes_4bit": 2}
+WRONG_KIND = 4
 DEVICE = """
 import torch
 props = torch.cuda.get_device_properties(0)
@@ -105,12 +110,25 @@ def findings() -> Iterator[tuple[str, str]]:
     has_cuda = child("import torch; print(torch.cuda.is_available())")
     if has_cuda != "True":
         reason = f"skipped: no CUDA device (torch.cuda.is_available(): {has_cuda})"
-        yield from dict.fromkeys(("device", "nvml", "expandable_segments", "bitsandbytes_4bit"), reason).items()
+        yield from dict.fromkeys(("bitsandbytes_4bit", "device", "nvml", "expandable_segments"), reason).items()
         return
+    yield "bitsandbytes_4bit", child(FOUR_BIT)  # the gates before what only informs
     yield "device", child(DEVICE)
     yield "nvml", child(NVML_SEES_US)
     yield "expandable_segments", child(EXPANDABLE_SEGMENTS, {"PYTORCH_ALLOC_CONF": "expandable_segments:True"})
-    yield "bitsandbytes_4bit", child(FOUR_BIT)
+
+
+def kind(expected: str) -> str:
+    """Whether the GPUs the run uses (NVML, no CUDA context) are of hardware class ``expected``."""
+    found = devices.visible_gpus()
+    if not found:
+        return f"failed: no GPU visible through NVML; this script needs class {expected}: nothing measured"
+    first = found[0]
+    _, named = classify(first.name, first.memory_gib, len(found))
+    seen = f"{len(found)} x {first.name} ({first.memory_gib:g} GiB): class {named}"
+    if named != expected:
+        return f"failed: {seen}; this script needs class {expected} (device kind nvidia-{expected}): nothing measured"
+    return seen
 
 
 def failed(finding: str) -> bool:
@@ -118,22 +136,32 @@ def failed(finding: str) -> bool:
 
 
 def main() -> int:
-    out = Path(sys.argv[1])
+    """``OUT_FILE [--kind CLASS]``: each finding written as found; the exit status: the failed gates' bits."""
+    out, expected = Path(sys.argv[1]), sys.argv[3] if sys.argv[2:3] == ["--kind"] else None
     started = time.monotonic()
     out.parent.mkdir(parents=True, exist_ok=True)
-    stops = []
+    status = 0
     with out.open("w") as file:
-        for name, finding in findings():
-            line = f"{name}: {finding}"
-            print(line, file=file, flush=True)
-            print(line, flush=True)
-            stops += [name] if name in GATES and failed(finding) else []
+        checks = [("kind", lambda: kind(expected))] if expected else []
+        for name, finding in _each(checks):
+            _say(file, f"{name}: {finding}")
+            if name == "kind" and failed(finding):
+                return WRONG_KIND
+            status |= GATES.get(name, 0) if failed(finding) else 0
+        stops = [name for name, bit in GATES.items() if status & bit]
         ending = f"took: {time.monotonic() - started:.1f} s"
-        if stops:
-            ending += f"; stop: {', '.join(stops)} failed, so no GRPO part can run here"
-        print(ending, file=file, flush=True)
-        print(ending, flush=True)
-    return 1 if stops else 0
+        _say(file, ending + (f"; stop: {', '.join(stops)} failed: the parts that need it do not run" if stops else ""))
+    return status
+
+
+def _each(first: list) -> Iterator[tuple[str, str]]:
+    yield from ((name, check()) for name, check in first)
+    yield from findings()
+
+
+def _say(file: Any, line: str) -> None:
+    print(line, file=file, flush=True)
+    print(line, flush=True)
 
 
 if __name__ == "__main__":
