@@ -172,7 +172,7 @@ def test_two_gpu_classes_without_runs_compare_on_the_models_predictions_labelled
     assert main(["compare", "h100", "h200", "--out", str(tmp_path / "c")]) == 0
     text = (tmp_path / "c" / "compare.md").read_text()
     assert "Predicted by the memory and time models: no result file of h100, h200 yet" in text
-    assert "H100-class (79.65 GiB), predicted" in text and "| 32b " in text
+    assert "H100-class (79.65 GiB; sized and timed on the NVIDIA H100 SXM), predicted" in text and "| 32b " in text
     assert main(["compare", "nonesuch", "h100", "--out", str(tmp_path / "d")]) == 1
     assert "nonesuch: neither a result file nor a hardware class" in capsys.readouterr().err
     assert main(["compare", "cpu", "h100", "--out", str(tmp_path / "e")]) == 1  # a measured class beside one without

@@ -45,7 +45,7 @@ def test_every_stated_figure_is_in_the_quote_it_is_copied_from():
     [
         (lambda t: t.replace('role = "held-out"', 'role = "validation"', 1), "role: 'validation' is not one of"),
         (lambda t: t.replace('unit = "GPUs"', 'unit = "gpus"', 1), "unit: 'gpus' is not a unit of min_gpus"),
-        (lambda t: t.replace('card = "h100"', 'card = "h20"', 1), "mapping.card: 'h20' is not in"),
+        (lambda t: t.replace('card = "h100"', 'card = "h800"', 1), "mapping.card: 'h800' is not in"),
         (lambda t: t.replace("max_completion_length = ", "max_completion_lenght = ", 1), "max_completion_lenght"),
         (lambda t: t.replace('figure = "minimum_gpus"', 'figure = "minimum"', 1), "figure: 'minimum' is not a key"),
         (lambda t: t.replace('locator = "', 'locator_ = "', 1), "missing key locator"),
