@@ -18,7 +18,7 @@ from benchmarks.catalog import interpreter  # noqa: E402  (free of tomllib: it r
 if interpreter.too_old(sys.version_info):
     sys.exit(interpreter.too_old(sys.version_info))  # one line, before anything below needs 3.11
 
-from benchmarks.catalog import images, machines  # noqa: E402
+from benchmarks.catalog import images, install_plan  # noqa: E402
 
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests"]
@@ -35,7 +35,7 @@ def _install(
     session: nox.Session,
     extras: str,
     *,
-    torch: machines.Stack | None = None,
+    torch: install_plan.Stack | None = None,
     also: tuple[str, ...] = (),
 ) -> None:
     """Install the project with its extras (and ``also``: a stack's engine, a contender's pins); first, where
@@ -50,7 +50,7 @@ def _install(
         session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *BREAKS_TRANSFORMERS, silent=True)
 
 
-def _torch_first(session: nox.Session, stack: machines.Stack) -> tuple[str, ...]:
+def _torch_first(session: nox.Session, stack: install_plan.Stack) -> tuple[str, ...]:
     """The stack's torch installed before anything that depends on it, so that pip keeps this build (the CPU one
     for the CPU stack) instead of resolving another; from the stack's own index (PyTorch's CPU wheel index) where
     pip cannot find the build already; then held by a constraint, since a stack that pins torch itself (unsloth)
@@ -120,7 +120,7 @@ def _system_packages(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit, sandbox, adversarial and browser tests (CPU only)."""
-    _install(session, "test,grpo,distributed", torch=machines.cpu_stack())
+    _install(session, "test,grpo,distributed", torch=install_plan.cpu_stack())
     _system_packages(session)
     # two workers, each a test file at a time (its fixtures built once), one torch thread each (tests/conftest.py)
     session.run("python", "-m", "pytest", *(session.posargs or ["-q", "-n", "2", "--dist", "loadfile"]))
@@ -129,18 +129,18 @@ def tests(session: nox.Session) -> None:
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Run a benchmark profile and write its result files (default profile: this hardware's)."""
-    plan = machines.plan(machines.read(), _option(session.posargs, "--profile"))
+    plan = install_plan.plan(install_plan.read(), _option(session.posargs, "--profile"))
     if isinstance(plan, str):  # before anything is installed: the driver, the profile or the architecture
         session.error(plan)
     for line in plan.lines():
         session.log(line)
     fresh = not _has_torch(session)
     if fresh:
-        session.log(machines.recorded_install(plan.stack))
+        session.log(install_plan.recorded_install(plan.stack))
     started = time.monotonic()
     _install(session, plan.extras, torch=plan.stack, also=(plan.stack.engine,))
     install = {"stack": plan.stack.name, "seconds": round(time.monotonic() - started, 1), "fresh": fresh}
-    env = {**plan.env, machines.INSTALL: json.dumps(install)}
+    env = {**plan.env, install_plan.INSTALL: json.dumps(install)}
     session.run("python", "-m", "benchmarks", "bench", *session.posargs, env=env)
 
 
@@ -175,7 +175,7 @@ def rehearse(session: nox.Session) -> None:
     """Both H200 scripts' whole flows on tiny shapes, in an environment shaped like the image (profiles/images.toml)."""
     image = images.load_images()["h200"]
     # The image's torch is 2.11.0's CUDA build; the nearest here is the CPU build of the project's pin (said so below)
-    pins = _torch_first(session, machines.cpu_stack())
+    pins = _torch_first(session, install_plan.cpu_stack())
     session.install(*(f"{n}=={image.versions[n]}" if n in image.versions else n for n in image.rehearsed), *pins)
     session.install("--no-deps", *image.carried)  # as the script installs its wheels there
     session.run("python", "-m", "benchmarks.catalog.images", "check", image.name)  # nothing the image lacks
@@ -216,9 +216,9 @@ def _contender_session(name: str, pins: tuple[str, ...]) -> None:
     contender.__doc__ = f"The {name} stack for `context` (installs only)."
 
 
-def _machine_stack(session: nox.Session) -> machines.Stack:
+def _machine_stack(session: nox.Session) -> install_plan.Stack:
     """The stack whose torch this machine's GPU runs (the CPU stack's without one), else the session stops."""
-    stack = machines.machine_stack(machines.read())
+    stack = install_plan.machine_stack(install_plan.read())
     if isinstance(stack, str):
         session.error(stack)
     return stack

@@ -30,26 +30,26 @@ import time
 from pathlib import Path
 
 from benchmarks import REPO, estimating, planning, summaries
-from benchmarks.catalog import gpus, machines, profiles
+from benchmarks.catalog import gpus, install_plan, profiles
 from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.model import fit
 from benchmarks.report import compare, figures, site, tables
 from benchmarks.results import schema
-from benchmarks.run import context, decode, devices, grpo, machine, pace, worker
+from benchmarks.run import context, decode, grpo, nvml_gpus, pace, provenance, worker
 
 RESULTS = REPO / "results" / "runs"
 
 
 def detect(nvml: object = None) -> tuple[str, str | None, str]:
     """(profile, hardware class or None for the profile's own, what was seen) for this machine: from the GPUs
-    the run uses (``devices.choice``: the same decision as the install's, NVML, no CUDA context), else ``cpu``."""
-    gpus = devices.visible_gpus(nvml)
+    the run uses (``nvml_gpus.choice``: the same decision as the install's, NVML, no CUDA context), else ``cpu``."""
+    gpus = nvml_gpus.visible_gpus(nvml)
     if not gpus:
         listed = os.environ.get("CUDA_VISIBLE_DEVICES")
         why = f"CUDA_VISIBLE_DEVICES={listed} hides every GPU" if listed is not None else "NVML sees none"
         return "cpu", None, f"no CUDA device ({why})"
     first = gpus[0]
-    profile, hardware = machines.classify(first.name, first.memory_gib, len(gpus))
+    profile, hardware = install_plan.classify(first.name, first.memory_gib, len(gpus))
     many = f"{len(gpus)} x" if len(gpus) > 1 else "CUDA device"
     return profile, hardware, f"{many} {first.name} ({first.memory_gib:g} GiB, {first.memory_source})"
 
@@ -57,7 +57,7 @@ def detect(nvml: object = None) -> tuple[str, str | None, str]:
 def pin_devices(nvml: object = None) -> None:
     """Before any part: CUDA numbers devices as NVML does (PCI order), and where models are mixed the run is
     pinned to the chosen ones (``CUDA_VISIBLE_DEVICES``) with a word saying so; a refused list (MIG) stops here."""
-    chosen = devices.choice(nvml)
+    chosen = nvml_gpus.choice(nvml)
     if isinstance(chosen, str):
         raise SystemExit(chosen)
     if chosen.devices:
@@ -86,14 +86,14 @@ def print_environment() -> None:
             print(f"{module} {__import__(module).__version__}")
         except ImportError:
             print(f"{module}: not installed")
-    gpus = devices.describe(devices.load_nvml())
+    gpus = nvml_gpus.describe(nvml_gpus.load_nvml())
     print("GPUs: " + (", ".join(f"{g.index}: {g.name} {g.memory_gib:g} GiB" for g in gpus) or "none"))
 
 
 def run_rewards(profile: profiles.Profile, quick: bool, out: Path) -> Path:
     """The reward benchmarks under pytest-benchmark; returns the result file written."""
     settings = profile.rewards
-    target = out / profile.hardware / f"{machine.stamp()}-rewards.json"
+    target = out / profile.hardware / f"{provenance.stamp()}-rewards.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         partial = Path(scratch) / "rewards.json"
@@ -258,7 +258,7 @@ def command_line() -> argparse.ArgumentParser:
         help="also PNGs of the front page by headless Chromium: FILE (1366 px) and FILE-phone",
     )
     commands.add_parser(
-        "provenance", help=f"record this checkout's commit in {machine.PROVENANCE.name}, for a tree that travels"
+        "provenance", help=f"record this checkout's commit in {provenance.PROVENANCE.name}, for a tree that travels"
     )
     return parser
 
@@ -317,7 +317,7 @@ def dispatch(argv: list[str] | None = None) -> int:
     parser = command_line()
     args = parser.parse_args(argv)
     if args.command == "provenance":
-        print(f"{machine.PROVENANCE.name}: {machine.write_provenance().short}")
+        print(f"{provenance.PROVENANCE.name}: {provenance.write_provenance().short}")
         return 0
     if args.command == "estimate":
         return estimating.run_estimate(commands_parser(parser, "estimate"), args)
@@ -401,7 +401,7 @@ def calibrated(profile: profiles.Profile) -> schema.Calibration | None:
 def print_predicted_fits(profile: profiles.Profile) -> None:
     """The memory model's verdict on each GRPO configuration, before it runs; the generic class on this device's
     own memory."""
-    device = devices.visible_gpus()
+    device = nvml_gpus.visible_gpus()
     for predicted in fit.predicted_fits(profile, device[0].memory_gib if device else 0.0):
         print(f"  the memory model: {predicted.line()}")
 

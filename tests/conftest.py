@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import REPO
-from benchmarks.catalog import machines
+from benchmarks.catalog import install_plan
 from benchmarks.results import schema
 from rewards.sandbox import default_sandbox
 
@@ -84,7 +84,7 @@ def isolated_pip_environ(home: Path) -> dict[str, str]:
 def torch_cpu_index(tmp_path_factory) -> str:
     """A stand-in for PyTorch's CPU wheel index, which this machine cannot reach: a simple index holding the CPU
     stack's torch wheel, fetched as pip is configured here (a local copy), else from the stack's own index."""
-    stack = machines.cpu_stack()
+    stack = install_plan.cpu_stack()
     project = tmp_path_factory.mktemp("torch-cpu-index") / "torch"
     for source in ((), ("--extra-index-url", stack.torch_index)):
         download = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(project), stack.torch]
@@ -115,7 +115,7 @@ def isolated_pip(new_user_home, monkeypatch) -> dict[str, str]:
     return isolated
 
 
-def stack_requirements(stack: machines.Stack) -> list[str]:
+def stack_requirements(stack: install_plan.Stack) -> list[str]:
     """What the bench session installs from wheels for a stack: the project's dependencies and its bench and grpo
     extras (with those they name), and the stack's pins. DeepSpeed is left out: it is built from its source
     distribution against the pinned torch."""
@@ -129,7 +129,7 @@ def stack_requirements(stack: machines.Stack) -> list[str]:
     return sorted(set(found)) + list(stack.pins)
 
 
-def _resolve_command(stack: machines.Stack, architecture: str, report: Path) -> list[str]:
+def _resolve_command(stack: install_plan.Stack, architecture: str, report: Path) -> list[str]:
     """pip's dry run of ``stack`` on ``architecture``: a CUDA stack for Python 3.12 and glibc 2.39 (Ubuntu 24.04,
     DGX OS) and older; the CPU stack on this machine, with its torch index beside PyPI."""
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
@@ -152,7 +152,7 @@ def resolves(request, tmp_path_factory, new_user_home):
     items = [item for item in request.session.items if "resolves" in getattr(item, "fixturenames", ())]
     wanted = {getattr(item, "callspec", None) and item.callspec.params.get("stack") or "cpu" for item in items}
     running = {}
-    for stack in (s for s in machines.load_stacks().values() if s.name in wanted):
+    for stack in (s for s in install_plan.load_stacks().values() if s.name in wanted):
         try:
             stack = stack if stack.cuda else replace(stack, torch_index=request.getfixturevalue("torch_cpu_index"))
         except pytest.skip.Exception as skipped:

@@ -17,7 +17,7 @@ import pytest
 from benchmarks import REPO
 from benchmarks.catalog.profiles import load
 from benchmarks.results import schema
-from benchmarks.run import machine, preflight
+from benchmarks.run import preflight, provenance
 
 SCRIPTS = sorted((REPO / "benchmarks" / "device").glob("*.sh"))
 
@@ -156,9 +156,9 @@ def test_a_check_that_cannot_import_the_trainer_skips_every_grpo_part_and_still_
 def test_the_check_refuses_a_machine_of_another_kind_before_anything_else(name, memory, status, monkeypatch, tmp_path):
     from test_devices import FakeNVML, gpu
 
-    from benchmarks.run import devices
+    from benchmarks.run import nvml_gpus
 
-    monkeypatch.setattr(devices, "load_nvml", lambda: FakeNVML(gpu(name, memory)))
+    monkeypatch.setattr(nvml_gpus, "load_nvml", lambda: FakeNVML(gpu(name, memory)))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(preflight, "findings", lambda: iter([("trainer", "GRPOTrainer")]))  # the rest: elsewhere
     monkeypatch.setattr(sys, "argv", ["preflight", str(tmp_path / "check.txt"), "--kind", "h200"])
@@ -179,9 +179,9 @@ def travelled(tmp_path: Path, changed: str | None = None) -> Path:
     for name in listed.splitlines():
         (copy / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, copy / name)
-    blobs = {name: machine.blob_hash(copy / name) for name in listed.splitlines()}
+    blobs = {name: provenance.blob_hash(copy / name) for name in listed.splitlines()}
     record = {"id": "0123456789abcdef0123456789abcdef01234567", "written": "2026-12-02T00:00:00+00:00", "blobs": blobs}
-    (copy / machine.PROVENANCE.name).write_text(json.dumps(record))
+    (copy / provenance.PROVENANCE.name).write_text(json.dumps(record))
     if changed:
         (copy / changed).write_text((copy / changed).read_text() + "\n# changed after the record\n")
     return copy

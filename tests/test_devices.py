@@ -15,11 +15,11 @@ import psutil
 import pytest
 
 from benchmarks import cli
-from benchmarks.catalog import machines
+from benchmarks.catalog import install_plan
 from benchmarks.catalog import profiles as profile
 from benchmarks.report import sizing
 from benchmarks.results import schema
-from benchmarks.run import configuration, devices, grpo, worker
+from benchmarks.run import configuration, grpo, nvml_gpus, worker
 from benchmarks.run.job import Job
 from benchmarks.run.sampler import MemorySampler
 
@@ -100,7 +100,7 @@ def gpu(name: str, memory_gib: float, index: int = 0, **more) -> dict:
     ],
 )
 def test_a_device_gets_its_profile_and_hardware_class(name, memory_gib, expected):
-    assert machines.classify(name, memory_gib) == expected
+    assert install_plan.classify(name, memory_gib) == expected
     chosen = profile.load(expected[0], hardware=expected[1])
     assert chosen.hardware == expected[1] and chosen.hardware in profile.load_hardware()
 
@@ -121,7 +121,7 @@ def test_device_memory_counts_this_run_s_processes_on_its_own_devices_above_a_ba
     used = gpu("NVIDIA H200", 140.4, used=6 * GIB, processes={**other, 100: 1 * GIB})
     unused = gpu("NVIDIA H200", 140.4, index=1, used=30 * GIB, processes={101: 30 * GIB})
     nvml = FakeNVML(used, unused)
-    memory = devices.DeviceMemory(nvml, devices.describe(nvml)[:1])  # baseline: 6 GiB used
+    memory = nvml_gpus.DeviceMemory(nvml, nvml_gpus.describe(nvml)[:1])  # baseline: 6 GiB used
     used["used"], used["processes"] = 16 * GIB, {**other, 100: 1 * GIB, 200: 9 * GIB}
     assert memory.read({0: {100, 101, 200}}) == ({0: 10 * GIB}, 10 * GIB)  # 101 is on a device we do not use
     # NVML lists none of ours (hidden PIDs): the device figure
@@ -134,9 +134,9 @@ def test_unified_memory_answering_not_supported_falls_back_to_meminfo_and_says_s
     meminfo = tmp_path / "meminfo"
     meminfo.write_text(f"MemTotal:       {128 * 2**20} kB\nMemFree:  1 kB\nMemAvailable:   {120 * 2**20} kB\n")
     nvml = FakeNVML(gpu("NVIDIA GB10", 0, unified=True))
-    (described,) = devices.describe(nvml, meminfo)
+    (described,) = nvml_gpus.describe(nvml, meminfo)
     assert described.memory_gib == 128.0 and "NOT_SUPPORTED" in described.memory_source
-    memory = devices.DeviceMemory(nvml, [described], meminfo)  # baseline: 8 GiB used
+    memory = nvml_gpus.DeviceMemory(nvml, [described], meminfo)  # baseline: 8 GiB used
     meminfo.write_text(f"MemTotal:       {128 * 2**20} kB\nMemAvailable:   {100 * 2**20} kB\n")
     assert memory.read({0: {1}}) == ({0: None}, 20 * GIB)
     assert "/proc/meminfo" in memory.source
@@ -287,7 +287,7 @@ def on_unified_memory(tmp_path, monkeypatch, available_gib: int) -> FakeNVML:
     up; NVML lists the worker tree's processes at 1 GiB each."""
     meminfo = tmp_path / "meminfo"
     meminfo.write_text(f"MemTotal: {128 << 20} kB\nMemAvailable: {120 << 20} kB\n")
-    monkeypatch.setattr(devices, "MEMINFO", meminfo)
+    monkeypatch.setattr(nvml_gpus, "MEMINFO", meminfo)
     monkeypatch.setenv("STAND_IN_MEMINFO", str(meminfo))
     monkeypatch.setenv("STAND_IN_AVAILABLE_GIB", str(available_gib))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -402,12 +402,12 @@ def test_the_worker_s_skip_reasons_name_what_is_missing():
 
 
 def test_ranks_get_a_gpu_each_and_the_server_the_next_ones_or_the_configuration_is_skipped():
-    gpus = devices.describe(FakeNVML(*(gpu("NVIDIA H100", 79.65, index=i) for i in range(4))))
-    split = devices.split(gpus, trainer=2, server=2)
+    gpus = nvml_gpus.describe(FakeNVML(*(gpu("NVIDIA H100", 79.65, index=i) for i in range(4))))
+    split = nvml_gpus.split(gpus, trainer=2, server=2)
     assert split.trainer == ["GPU-00000000-fake", "GPU-00000001-fake"]
     assert split.server == ["GPU-00000002-fake", "GPU-00000003-fake"]
-    assert devices.split(gpus, trainer=4, server=1).startswith("vLLM server mode needs 1 GPU(s) of its own")
-    assert devices.split(gpus, trainer=8, server=0) == "8 ranks need a GPU each; 4 visible here"
+    assert nvml_gpus.split(gpus, trainer=4, server=1).startswith("vLLM server mode needs 1 GPU(s) of its own")
+    assert nvml_gpus.split(gpus, trainer=8, server=0) == "8 ranks need a GPU each; 4 visible here"
 
 
 def test_a_launch_where_fewer_ranks_report_than_asked_for_is_an_error(tmp_path, stand_in, monkeypatch):
@@ -482,7 +482,7 @@ def catalog_with_a_new_class(tmp_path, monkeypatch):
 
 
 def test_a_new_hardware_class_is_one_catalog_entry(catalog_with_a_new_class, capsys):
-    assert machines.classify("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 94.97) == ("gpu", "rtx-pro-6000")
+    assert install_plan.classify("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 94.97) == ("gpu", "rtx-pro-6000")
     assert profile.load("gpu", hardware="rtx-pro-6000").hardware == "rtx-pro-6000"
     cli.main(
         [
@@ -513,7 +513,7 @@ def test_several_gpus_of_a_class_with_a_node_profile_run_it(monkeypatch):
     assert cli.detect(nvml)[:2] == ("h100-node", "h100")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # one of them: one GPU's profile
     assert cli.detect(nvml)[:2] == ("h100", "h100")
-    assert machines.classify("NVIDIA H200", 140.4, gpus=8) == ("h200", "h200")  # a class without a node profile
+    assert install_plan.classify("NVIDIA H200", 140.4, gpus=8) == ("h200", "h200")  # a class without a node profile
 
 
 def test_the_cpu_profile_sees_no_gpu_where_the_bench_session_hid_them(monkeypatch):
@@ -522,4 +522,4 @@ def test_the_cpu_profile_sees_no_gpu_where_the_bench_session_hid_them(monkeypatc
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
     profile, hardware, seen = cli.detect(nvml)
     assert (profile, hardware) == ("cpu", None) and "CUDA_VISIBLE_DEVICES=-1 hides every GPU" in seen
-    assert devices.visible_gpus(nvml) == [] and len(devices.describe(nvml)) == 1
+    assert nvml_gpus.visible_gpus(nvml) == [] and len(nvml_gpus.describe(nvml)) == 1

@@ -8,7 +8,7 @@ pytest.importorskip("deepspeed")
 
 from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
 from benchmarks.model.estimate import rank_model_states  # noqa: E402
-from benchmarks.run import configuration, launch, machines  # noqa: E402
+from benchmarks.run import configuration, launch, multinode  # noqa: E402
 from benchmarks.run.job import Job  # noqa: E402
 from benchmarks.run.model_dirs import materialise  # noqa: E402
 
@@ -74,7 +74,7 @@ def test_fsdp2_on_a_cpu_is_skipped_with_the_reason_and_starts_nothing(model_dir,
 def test_two_machines_over_loopback_through_submitit_s_local_executor_make_one_run(model_dir, tmp_path, monkeypatch):
     pytest.importorskip("submitit")
     monkeypatch.delenv("GRPO_BENCH_EXECUTOR", raising=False)
-    record = machines.run_machines(
+    record = multinode.run_machines(
         job(model_dir, num_processes=1, num_machines=2, distributed_type="zero3"),
         None,
         tmp_path / "w.log",
@@ -109,7 +109,7 @@ def test_the_accelerate_config_starts_from_trl_s_and_carries_the_levers(tmp_path
 
 def test_server_mode_over_many_machines_without_gpus_is_skipped_before_any_machine_starts(model_dir, tmp_path):
     levers = {"num_processes": 1, "num_machines": 2, "distributed_type": "zero3", "use_vllm": True}
-    record = machines.run_machines(
+    record = multinode.run_machines(
         job(model_dir, **levers, vllm_mode="server"), None, tmp_path / "w.log", 300, gpus=False
     )
     assert record.status == "skipped" and "only over CUDA" in record.reason

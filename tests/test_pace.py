@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from benchmarks.catalog import machines, profiles
+from benchmarks.catalog import install_plan, profiles
 from benchmarks.catalog.targets import ESTIMATE_WITHIN
 from benchmarks.results import schema
 from benchmarks.run import model_dirs, pace
@@ -205,7 +205,7 @@ def test_a_first_run_without_a_recorded_build_says_that_building_is_not_estimate
 
 
 def test_the_session_s_install_reaches_the_run_and_its_line_says_whether_it_was_a_first_one():
-    given = {machines.INSTALL: json.dumps({"stack": "cpu", "seconds": 185.2, "fresh": True})}
+    given = {install_plan.INSTALL: json.dumps({"stack": "cpu", "seconds": 185.2, "fresh": True})}
     install = pace.install_from(given)
     assert install == schema.Install(stack="cpu", seconds=185.2, fresh=True)
     assert pace.install_line(install) == (
@@ -220,14 +220,16 @@ def test_a_quick_run_has_an_estimate_too(tmp_path):
     assert decode.predicted and decode.seconds > 0
 
 
-def test_the_estimate_printed_before_every_committed_run_came_within_its_target_of_the_time_it_took(
-    committed_results,
-):
-    # the whole-run estimate each run printed at its start (scaled from the runs before it), against its time
+def test_every_committed_run_records_how_far_its_printed_estimate_was_from_the_time_it_took(committed_results):
+    # the whole-run estimate each run printed at its start (scaled from the runs before it), against its time: a
+    # target the file records, met or missed, never asserted here; what is asserted is that the record is true
     compared = []
     for result in schema.load_results(committed_results):
         then = pace.pace_of(result.record)
         if then and then.run_s and then.run_estimated_s:
             compared.append(result.path)
-            assert abs(then.run_estimated_s / then.run_s - 1) <= ESTIMATE_WITHIN, (result.path, then)
+            [target] = [t for t in then.run_targets if "estimate" in t.claim]
+            off = abs(then.run_estimated_s / then.run_s - 1)
+            assert target.measured == pytest.approx(off) and target.limit == ESTIMATE_WITHIN, (result.path, target)
+            assert target.met == (off <= ESTIMATE_WITHIN), (result.path, target)
     assert len(compared) >= 4, compared

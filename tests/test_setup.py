@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import REPO
-from benchmarks.catalog import machines
+from benchmarks.catalog import install_plan
 
 README = (REPO / "README.md").read_text()
 
@@ -100,7 +100,7 @@ def test_the_cpu_torch_installs_from_pypi_and_pytorch_s_cpu_index_with_pip_isola
 ):
     session = PipSession(tmp_path)
     # the tests session's and a CPU bench's first step, its index standing in for PyTorch's
-    constraint = noxfile._torch_first(session, replace(machines.cpu_stack(), torch_index=torch_cpu_index))
+    constraint = noxfile._torch_first(session, replace(install_plan.cpu_stack(), torch_index=torch_cpu_index))
     assert session.logged == ["torch==2.13.0+cpu: not at hand here: from the stack's index"]  # PyPI lacks it
     assert Path(constraint[1]).read_text() == "torch==2.13.0+cpu\n"
     code = "import torch; print(torch.__version__, torch.cuda.is_available())"

@@ -16,7 +16,7 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("submitit")
 
 from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
-from benchmarks.run import machines  # noqa: E402
+from benchmarks.run import multinode  # noqa: E402
 from benchmarks.run.job import Job  # noqa: E402
 from benchmarks.run.model_dirs import materialise  # noqa: E402
 
@@ -115,11 +115,11 @@ def test_a_profile_s_configurations_go_to_slurm_as_one_job_array_per_resource_sh
 
     logs = tmp_path / "logs"
     logs.mkdir()
-    submitted = machines.submit_to_slurm({1: job("zero2"), 2: job("zero3")}, None, logs, 300, gpus=False)
+    submitted = multinode.submit_to_slurm({1: job("zero2"), 2: job("zero3")}, None, logs, 300, gpus=False)
     arrays = {str(submitted[n].job_id).split("_")[0] for n in (1, 2)}
     assert len(arrays) == 1 and all("_" in str(submitted[n].job_id) for n in (1, 2))  # one array, two elements
     for number, stage in ((1, 2), (2, 3)):
-        record = machines.slurm_record(submitted[number])
+        record = multinode.slurm_record(submitted[number])
         assert record.status == "ok", record.reason
         assert record.distribution.world_size == 2 and record.distribution.zero_stage == stage
         assert [(rank.rank, rank.machine_rank) for rank in record.ranks] == [(0, 0), (1, 0)]

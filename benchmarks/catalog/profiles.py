@@ -101,7 +101,7 @@ class Hardware:
     gpu_link_gb_s: float | None = None  # GPU <-> GPU in one machine, one direction (None: through the host link)
     node_link_gb_s: float | None = None  # a GPU's share of its machine's network to the others, one direction
     link_source: str | None = None
-    # Detection (benchmarks.catalog.machines.classify): words of a CUDA device's name that make it this class (the
+    # Detection (benchmarks.catalog.install_plan.classify): words of a CUDA device's name that make it this class (the
     # closest memory wins among classes sharing one), the profile such a machine runs by default, the one it runs
     # where several of its GPUs are visible, and the profiles a person with four or more of them is pointed to
     device_names: tuple[str, ...] = ()

@@ -58,7 +58,7 @@ if [ "${1:-}" = "--prepare" ]; then
     "tyro==1.0.17" "docstring-parser==0.18.0" "shtab==1.13.0" "typeguard==4.6.1" "msgspec==0.23.0" \
     "json5==0.17.3" "nest-asyncio==1.6.0" "structlog==26.1.0"
   rm -rf "$site/unsloth/studio" "$site/unsloth/unsloth_cli"
-  python3 -c 'from benchmarks.run.machine import write_provenance; print("provenance:", write_provenance().short)'
+  python3 -c 'from benchmarks.run.provenance import write_provenance; print("provenance:", write_provenance().short)'
   du -sh "$site" "$site"/*
   exit 0
 fi

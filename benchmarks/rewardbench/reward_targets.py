@@ -13,7 +13,7 @@ from benchmarks.catalog.profiles import Profile
 from benchmarks.catalog.targets import REWARD_TARGETS
 from benchmarks.results import schema
 from benchmarks.rewardbench.cases import SKIPPED
-from benchmarks.run import machine
+from benchmarks.run import provenance
 from rewards.sandbox import default_sandbox
 
 REWARD_PACKAGES = (
@@ -81,7 +81,7 @@ def summarize(profile: Profile, rows: list[schema.BenchmarkRow], quick: bool = F
         hardware_class=profile.hardware,
         quick=quick,
         profile=profile.as_dict(),
-        versions=machine.versions(REWARD_PACKAGES),
+        versions=provenance.versions(REWARD_PACKAGES),
         sandbox=_sandbox(),
         skipped=SKIPPED,
         targets=targets,

@@ -23,7 +23,7 @@ from benchmarks import REPO
 from benchmarks.catalog.profiles import Levers
 from benchmarks.model.estimate import GIB
 from benchmarks.results import schema
-from benchmarks.run import devices, launch
+from benchmarks.run import launch, nvml_gpus
 from benchmarks.run.channel import Channel, RankReports, free_port, listen
 from benchmarks.run.job import Job
 from benchmarks.run.sampler import MemorySampler
@@ -113,18 +113,18 @@ def run_configuration(
     On CUDA (GPUs seen through ``nvml``, default: pynvml) the ranks get the first ``num_processes``
     visible GPUs and in server mode the next ones go to ``trl vllm-serve``; with too few the
     configuration is skipped. Device memory is read on exactly the GPUs the run uses."""
-    nvml = devices.load_nvml() if nvml is None else nvml
+    nvml = nvml_gpus.load_nvml() if nvml is None else nvml
     place = place or launch.Rendezvous(
         machine_rank=0, main_process_ip="127.0.0.1", main_process_port=free_port()
     )  # one machine: its own rendezvous port
     levers = job.levers
-    gpus = devices.visible_gpus(nvml)
+    gpus = nvml_gpus.visible_gpus(nvml)
     placed = _place(job, gpus, place)
     if isinstance(placed, schema.WorkerRecord):
         return placed
     job, env, used = placed
     # its baseline: before the worker starts
-    device = devices.DeviceMemory(nvml, used, floor_gib=devices.unified_floor_gib(used)) if used else None
+    device = nvml_gpus.DeviceMemory(nvml, used, floor_gib=nvml_gpus.unified_floor_gib(used)) if used else None
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as scratch:
         channel = Channel(Path(scratch) / "channel")
         job_path = Path(scratch) / "job.json"
@@ -166,7 +166,7 @@ def _place(
     server_here = job.server_mode and place.machine_rank == 0 and job.server_host is None
     if gpus:
         server_count = levers.vllm_server_tensor_parallel_size * levers.vllm_server_data_parallel_size
-        split = devices.split(gpus, levers.num_processes, server_count if server_here else 0)
+        split = nvml_gpus.split(gpus, levers.num_processes, server_count if server_here else 0)
         if isinstance(split, str):
             return skipped(split)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(split.trainer)
@@ -198,7 +198,7 @@ def _run_launcher(
     log_path: Path,
     channel: Channel,
     budget_bytes: int | None,
-    device: devices.DeviceMemory | None,
+    device: nvml_gpus.DeviceMemory | None,
     timeout_s: float | None,
 ) -> LauncherRun:
     """The launcher in a session of its own, sampled and listened to until it ends, stopped at
@@ -286,7 +286,7 @@ def _stop_group(launcher: subprocess.Popen) -> None:
 def _record(
     heard: RankReports,
     sampler: MemorySampler,
-    device: devices.DeviceMemory | None,
+    device: nvml_gpus.DeviceMemory | None,
     levers: Levers,
     log_path: Path,
     exit_status: int | None,
@@ -306,7 +306,7 @@ def _record(
 
 
 def _rank_records(
-    heard: RankReports, sampler: MemorySampler, device: devices.DeviceMemory | None, many: bool
+    heard: RankReports, sampler: MemorySampler, device: nvml_gpus.DeviceMemory | None, many: bool
 ) -> tuple[list[schema.Rank], str]:
     """Each rank's steps with their peaks (host RSS; on CUDA its processes' device memory, or the devices'
     use above the baseline where NVML lists none of them), its summary, and what the peaks measure."""
@@ -328,7 +328,7 @@ def _rank_records(
 
 
 def _device_headline(
-    device: devices.DeviceMemory, sampler: MemorySampler, held: dict, many: bool
+    device: nvml_gpus.DeviceMemory, sampler: MemorySampler, held: dict, many: bool
 ) -> tuple[dict[tuple[int | None, str], int], str]:
     """A rank's headline device peaks and what they measure: on unified memory the pool's use above the baseline
     (the worker's CPU-side memory is in the same pool; NVML's per-process figure is kept beside it); else its

@@ -29,7 +29,7 @@ from benchmarks.catalog.profiles import ContextBench, Hardware, Levers, Profile,
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.estimate import GIB, Workload, estimate
 from benchmarks.results import schema
-from benchmarks.run import machine
+from benchmarks.run import provenance
 from benchmarks.run.configuration import run_configuration
 from benchmarks.run.context_search import ProbeFailed, bracket, search
 from benchmarks.run.context_verdict import ratios, search_targets, verdict
@@ -303,11 +303,11 @@ def run_context(
     cuda = torch.cuda.is_available()
     hardware = load_hardware()[profile.hardware]
     model_dir = materialise(load_shapes()[settings.shape], settings.dtype)
-    path = out / profile.hardware / f"{machine.stamp()}-context.json"
+    path = out / profile.hardware / f"{provenance.stamp()}-context.json"
     result = schema.ContextFile(
-        **machine.header("context", profile, quick),
+        **provenance.header("context", profile, quick),
         search=search_record(settings, cuda),
-        shape=machine.shape_record(settings.shape),
+        shape=provenance.shape_record(settings.shape),
         earlier=earlier_search(out, profile.hardware, settings),
     )
     started = time.monotonic()

@@ -32,7 +32,7 @@ from benchmarks.catalog.shapes import Shape
 from benchmarks.model.bandwidth import decode_step_bytes, projections, projections_at_fraction
 from benchmarks.model.estimate import DTYPE_BYTES
 from benchmarks.results import schema
-from benchmarks.run import devices, machine
+from benchmarks.run import nvml_gpus, provenance
 from benchmarks.run.bandwidth_probe import ceiling as ceiling_of
 from benchmarks.run.bandwidth_probe import probe
 from benchmarks.run.ceilings import INVALID, decode_fault
@@ -328,7 +328,7 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     """The decode part: the device's ceiling, the decode sweep, then the rollout projections;
     returns the result file."""
     settings = profile.decode
-    gpus = devices.visible_gpus()  # NVML: no CUDA context here
+    gpus = nvml_gpus.visible_gpus()  # NVML: no CUDA context here
     device = "cuda" if gpus else "cpu"
     pinned = {"CUDA_VISIBLE_DEVICES": gpus[0].uuid} if gpus else {}  # the probe and every engine: this one GPU
     print(
@@ -345,9 +345,9 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     probed = json.loads(done.stdout.strip().splitlines()[-1])
     ceiling = schema.decode(schema.Ceiling, probed, "the bandwidth probe")
     best = schema.decode(schema.BestKernel, ceiling_of(probed), "the bandwidth probe's ceiling")
-    path = out / profile.hardware / f"{machine.stamp()}-decode.json"
+    path = out / profile.hardware / f"{provenance.stamp()}-decode.json"
     result = schema.DecodeFile(
-        **machine.header("decode", profile, quick),
+        **provenance.header("decode", profile, quick),
         ceiling=ceiling,
         projection_rollout=schema.RolloutShape(
             sequences=settings.rollout_prompts * settings.rollout_num_generations,

@@ -2,7 +2,7 @@
 
 The parent samples the memory of the worker and its children (RSS, every 20 ms and at every
 phase boundary; on CUDA also the device memory its processes hold, vLLM's included: see
-``benchmarks.run.devices``) and attributes each sample to the step and phase the worker last
+``benchmarks.run.nvml_gpus``) and attributes each sample to the step and phase the worker last
 reported. A worker tree above the profile's memory budget is stopped and recorded as ``oom``
 in its phase, one past its time limit as ``timeout``. The result file is rewritten atomically
 after every configuration and says whether the run is complete, so an interrupted run keeps
@@ -30,11 +30,11 @@ from benchmarks.catalog.targets import (
 )
 from benchmarks.model.estimate import GIB, as_run, rank_model_states
 from benchmarks.results import schema
-from benchmarks.run import cluster, machine
+from benchmarks.run import cluster, provenance
 from benchmarks.run.configuration import run_configuration
 from benchmarks.run.job import Job
-from benchmarks.run.machines import run_machines, slurm_record, submit_to_slurm
 from benchmarks.run.model_dirs import materialise_recorded
+from benchmarks.run.multinode import run_machines, slurm_record, submit_to_slurm
 
 
 def run_grpo(
@@ -53,8 +53,8 @@ def run_grpo(
     assert bench is not None
     shape, hardware = load_shapes()[bench.shape], load_hardware()[profile.hardware]
     print(f"shape {bench.shape}: {shape.param_count() / 1e6:,.1f}M parameters ({shape.source}); building or reusing it")
-    path = out / profile.hardware / f"{machine.stamp()}-{part}.json"
-    result = schema.GrpoFile(**machine.header(part, profile, quick), shape=machine.shape_record(bench.shape))
+    path = out / profile.hardware / f"{provenance.stamp()}-{part}.json"
+    result = schema.GrpoFile(**provenance.header(part, profile, quick), shape=provenance.shape_record(bench.shape))
     model_dir = materialise_recorded(bench.shape, bench.dtype, bench.weights, result.built_models)
     budget = int(bench.memory_budget_gib * GIB)
     todo = [

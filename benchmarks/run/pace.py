@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from benchmarks.catalog.machines import INSTALL
+from benchmarks.catalog.install_plan import INSTALL
 from benchmarks.catalog.profiles import GRPO_PARTS, Profile, configurations, load_shapes
 from benchmarks.catalog.targets import ESTIMATE_WITHIN
 from benchmarks.model.estimate import DTYPE_BYTES, GIB

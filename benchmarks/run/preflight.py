@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import REPO
-from benchmarks.catalog.machines import classify
-from benchmarks.run import devices, machine
+from benchmarks.catalog.install_plan import classify
+from benchmarks.run import nvml_gpus, provenance
 
 # Every distribution the harness and the reward library import (tests/test_device_scripts.py holds the list to
 # their sources), and what datasets reads Arrow with: a missing one is named here before any part starts.
@@ -92,7 +92,7 @@ def child(script: str, env: dict[str, str] | None = None, timeout_s: float = 60)
 
 def findings() -> Iterator[tuple[str, str]]:
     """Every check's finding, in order, each as soon as it is found."""
-    commit = machine.commit()
+    commit = provenance.commit()
     yield from {
         "python": platform.python_version(),
         "kernel": f"{platform.release()} ({platform.version()[:80]})",
@@ -120,7 +120,7 @@ def findings() -> Iterator[tuple[str, str]]:
 
 def kind(expected: str) -> str:
     """Whether the GPUs the run uses (NVML, no CUDA context) are of hardware class ``expected``."""
-    found = devices.visible_gpus()
+    found = nvml_gpus.visible_gpus()
     if not found:
         return f"failed: no GPU visible through NVML; this script needs class {expected}: nothing measured"
     first = found[0]

@@ -1,5 +1,5 @@
 """The parent's memory sampler: the RSS of a worker tree (every 20 ms and at every phase boundary; on CUDA
-also the device memory its processes hold, vLLM's included: ``benchmarks.run.devices``), each sample
+also the device memory its processes hold, vLLM's included: ``benchmarks.run.nvml_gpus``), each sample
 attributed to the step and phase its rank last reported, and the budget a tree may not pass."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from benchmarks.run import devices
+from benchmarks.run import nvml_gpus
 
 SAMPLE_INTERVAL_S = 0.02
 
@@ -18,11 +18,11 @@ SAMPLE_INTERVAL_S = 0.02
 class MemorySampler(threading.Thread):
     """Peak memory per rank and (step, phase), read every 20 ms and at every phase boundary: the host
     RSS of each rank's process and its children, and on CUDA the device memory they hold
-    (``devices.DeviceMemory``); what belongs to no rank (the launcher) is rank None. Stops the whole
+    (``nvml_gpus.DeviceMemory``); what belongs to no rank (the launcher) is rank None. Stops the whole
     tree when its RSS passes ``budget_bytes``, or on unified memory when the host's MemAvailable falls
     under the device's floor."""
 
-    def __init__(self, pid: int, budget_bytes: int | None, device: devices.DeviceMemory | None = None) -> None:
+    def __init__(self, pid: int, budget_bytes: int | None, device: nvml_gpus.DeviceMemory | None = None) -> None:
         super().__init__(daemon=True)
         import psutil  # the worker extra's: `nox -s tables` runs this package without it
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.catalog import gpus
-from benchmarks.catalog.machines import classify
+from benchmarks.catalog.install_plan import classify
 from benchmarks.catalog.profiles import load_hardware
 from benchmarks.results import schema
 

