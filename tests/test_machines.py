@@ -9,21 +9,20 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from test_devices import GIB, FakeNVML
 
-from benchmarks import REPO, cli
+from benchmarks import cli
 from benchmarks.catalog import install_plan
 from benchmarks.catalog.profiles import configurations, load, load_hardware, load_shapes
 from benchmarks.model.estimate import as_run
 from benchmarks.model.fit import predicted_fits
 from benchmarks.run import nvml_gpus, pace
+from benchmarks.run.grpo import unified_over_cap
 
 RECORDED = install_plan.load_machines()
 MACHINES = {name: recorded.machine for name, recorded in RECORDED.items()}
@@ -179,6 +178,11 @@ def test_the_spark_runs_under_a_cap_below_its_pool_with_a_floor_and_its_engine_s
     assert fits[0].fits and all(f.peak_bytes is not None for f in fits)
     first = as_run(profile.grpo, configurations(profile.grpo)[0][1], load_shapes()[profile.grpo.shape], spark)
     assert 0 < first.vllm_gpu_memory_utilization < 0.3  # what its rollout needs, not TRL's 0.3 of the pool
+    # a configuration predicted past the cap is skipped, not tried on a pool whose exhaustion can wedge the machine
+    over = [f.name for f in fits if f.fits is False]
+    skipped = unified_over_cap(profile, "grpo", spark)
+    assert over and list(skipped) == over and all("predicts it past its cap" in why for why in skipped.values())
+    assert not unified_over_cap(load("h100"), "grpo", load_hardware()["h100"])  # its own memory: tried, and measured
 
 
 def test_a_first_run_on_a_gpu_class_says_how_long_it_will_take_and_that_it_is_a_prediction():
@@ -270,14 +274,13 @@ def test_install_and_run_name_the_same_gpus_and_class_on_every_recorded_machine(
 SYSTEM = ("python", "compiler", "python_headers", "toolkit", "cuda_driver", "architecture")
 
 
-def test_the_bench_session_stops_before_installing_anything_on_an_old_driver(tmp_path, monkeypatch):
+def test_the_bench_session_stops_before_installing_anything_on_an_old_driver(tmp_path, monkeypatch, noxfile):
     fake_smi(tmp_path, monkeypatch, "NVIDIA H100 80GB HBM3, 81559, 570.172.08", count=8)
-    command = [sys.executable, "-m", "nox", "-s", "bench", "--envdir", str(tmp_path / "envs")]
-    started = time.monotonic()
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and time.monotonic() - started < 60
-    assert "driver 570.172.08 found" in done.stderr and "needs driver 580 or newer" in done.stderr
-    assert "pip install" not in done.stderr  # nothing was installed
+    session = StubSession([], tmp_path)  # the noxfile's own session function, as `nox -s bench` calls it
+    with pytest.raises(SystemExit) as stopped:
+        noxfile.bench(session)
+    assert "driver 570.172.08 found" in str(stopped.value) and "needs driver 580 or newer" in str(stopped.value)
+    assert not session.installed and not session.ran  # nothing was installed, nothing ran
 
 
 def _trl_vllm_range() -> tuple[str, str]:

@@ -18,7 +18,15 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.catalog.profiles import GrpoBench, Levers, Profile, configurations, load_hardware, load_shapes
+from benchmarks.catalog.profiles import (
+    GrpoBench,
+    Hardware,
+    Levers,
+    Profile,
+    configurations,
+    load_hardware,
+    load_shapes,
+)
 from benchmarks.catalog.shapes import Shape
 from benchmarks.catalog.targets import (
     DISTRIBUTED_PART_S,
@@ -29,6 +37,7 @@ from benchmarks.catalog.targets import (
     part_limit_s,
 )
 from benchmarks.model.estimate import GIB, as_run, rank_model_states
+from benchmarks.model.fit import predicted_fits
 from benchmarks.results import schema
 from benchmarks.run import cluster, provenance
 from benchmarks.run.configuration import run_configuration
@@ -66,6 +75,7 @@ def run_grpo(
     as_given = {number: as_run(bench, levers, shape, hardware) for number, (_, levers) in enumerate(todo, 1)}
     jobs = {number: _job(bench, levers, model_dir, budget) for number, levers in as_given.items()}
     gpus, timeout_s = profile.hardware != "cpu", bench.configuration_timeout_s
+    over_cap = unified_over_cap(profile, part, hardware)
     with tempfile.TemporaryDirectory() as logs, schema.marked_incomplete(path, result):
         on_slurm = cluster.kind() == "slurm"
         submitted = submit_to_slurm(jobs, budget, Path(logs), timeout_s, gpus) if on_slurm else {}
@@ -76,7 +86,9 @@ def run_grpo(
                 flush=True,
             )
             levers, job, log = as_given[number], jobs[number], Path(logs) / f"{number}.log"
-            if on_slurm:
+            if name in over_cap:
+                ran = schema.WorkerRecord(status="skipped", reason=over_cap[name])
+            elif on_slurm:
                 ran = slurm_record(submitted[number])
             elif levers.num_machines > 1:
                 ran = run_machines(job, budget, log, timeout_s=within(timeout_s, deadline), gpus=gpus)
@@ -93,6 +105,19 @@ def run_grpo(
         else:
             result.targets = targets(result.configurations, wall, quick)
     return path
+
+
+def unified_over_cap(profile: Profile, part: str, hardware: Hardware) -> dict[str, str]:
+    """On unified memory (a class with a MemAvailable floor), the configurations the memory model predicts past
+    their cap, each with the line that skips it: running the pool out can wedge the whole machine instead of
+    raising an out-of-memory error, so such a configuration is not tried there."""
+    if not hardware.unified_floor_gib:
+        return {}
+    return {
+        fit.name: f"skipped on unified memory: the memory model predicts it past its cap ({fit.line()})"
+        for fit in predicted_fits(profile)
+        if fit.part == part and fit.fits is False
+    }
 
 
 def within(limit_s: float, deadline: float | None) -> float:

