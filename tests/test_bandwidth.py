@@ -333,3 +333,20 @@ def test_an_engine_pinned_to_its_gpu_and_stuck_past_its_limit_is_stopped_with_an
     time.sleep(0.2)
     state = subprocess.run(["ps", "-o", "stat=", "-p", pid], capture_output=True, text=True).stdout.strip()
     assert state in ("", "Z"), state  # gone (or a zombie awaiting its reaper), not sleeping on
+
+
+def test_a_grpo_step_faster_than_its_gpus_peak_is_invalid_and_a_cpu_step_is_never_judged_by_a_peak():
+    from benchmarks.results import schema
+    from benchmarks.run.ceilings import step_fault
+
+    shape = load_shapes()["7b"]  # 7.6B parameters: 4 x 7.6e9 FLOPs a completion token at least
+    summary = schema.Summary(
+        measured_steps=1, step_s_median=0.01, step_s_min=0.01, step_s_max=0.01,
+        completion_tokens_per_s_median=50_000.0, phase_s_median={}, peak_bytes=1, peak_bytes_by_phase={},
+        peak_measure="", peak_rss_bytes=1, peak_rss_bytes_by_phase={}, peak_repeat_spread=0.0,
+        optimizer_state_bytes=0, grad_bytes=0, trainable_params=0, reference_model_bytes=0,
+    )  # fmt: skip
+    fault = step_fault(summary, shape, 989.0, 1)  # ~1,500 TFLOP/s of least arithmetic on one H100
+    assert fault and fault.endswith("above 1 x the device's peak 989: beyond physics")
+    assert step_fault(summary, shape, 989.0, 2) is None  # two GPUs' peaks allow it
+    assert step_fault(summary, shape, None, 1) is None  # a CPU: no datasheet peak to hold it to

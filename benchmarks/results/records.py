@@ -346,8 +346,9 @@ class Rank:
 
 @dataclass(kw_only=True)
 class WorkerRecord:
-    """One worker process: status ``ok``, ``oom`` or ``timeout`` (with its phase), ``skipped`` or
-    ``error`` (with the reason); its steps and their summary."""
+    """One worker process: status ``ok``, ``oom`` or ``timeout`` (with its phase), ``skipped``, ``error`` or
+    ``invalid`` (steps faster than physics allows: benchmarks.run.ceilings) with the reason; its steps and their
+    summary."""
 
     status: str
     steps: list[Step] = field(default_factory=list)

@@ -40,6 +40,7 @@ from benchmarks.model.estimate import GIB, as_run, rank_model_states
 from benchmarks.model.fit import predicted_fits
 from benchmarks.results import schema
 from benchmarks.run import cluster, provenance
+from benchmarks.run.ceilings import INVALID, step_fault
 from benchmarks.run.configuration import run_configuration
 from benchmarks.run.job import Job
 from benchmarks.run.model_dirs import materialise_recorded
@@ -95,6 +96,9 @@ def run_grpo(
             else:
                 ran = run_configuration(job, budget, log, timeout_s=within(timeout_s, deadline))
             configuration = schema.Configuration(name=name, levers=asdict(levers), **vars(ran))
+            fault = step_fault(ran.summary, shape, hardware.peak_bf16_tflops, levers.world_size)
+            if configuration.status == "ok" and fault:
+                configuration.status, configuration.reason = INVALID, fault
             result.configurations.append(configuration)
             result.finished = schema.now()
             schema.write(path, result)
