@@ -95,10 +95,7 @@ def run_grpo(
                 ran = run_machines(job, budget, log, timeout_s=within(timeout_s, deadline), gpus=gpus)
             else:
                 ran = run_configuration(job, budget, log, timeout_s=within(timeout_s, deadline))
-            configuration = schema.Configuration(name=name, levers=asdict(levers), **vars(ran))
-            fault = step_fault(ran.summary, shape, hardware.peak_bf16_tflops, levers.world_size)
-            if configuration.status == "ok" and fault:
-                configuration.status, configuration.reason = INVALID, fault
+            configuration = _judged(name, levers, ran, shape, hardware)
             result.configurations.append(configuration)
             result.finished = schema.now()
             schema.write(path, result)
@@ -122,6 +119,17 @@ def unified_over_cap(profile: Profile, part: str, hardware: Hardware) -> dict[st
         for fit in predicted_fits(profile)
         if fit.part == part and fit.fits is False
     }
+
+
+def _judged(
+    name: str, levers: Levers, ran: schema.WorkerRecord, shape: Shape, hardware: Hardware
+) -> schema.Configuration:
+    """The configuration as recorded; ``invalid``, with the reason, where its steps ran faster than physics allows."""
+    configuration = schema.Configuration(name=name, levers=asdict(levers), **vars(ran))
+    fault = step_fault(configuration.summary, shape, hardware.peak_bf16_tflops, levers.world_size)
+    if configuration.status == "ok" and fault:
+        configuration.status, configuration.reason = INVALID, fault
+    return configuration
 
 
 def within(limit_s: float, deadline: float | None) -> float:
