@@ -55,14 +55,6 @@ OTHER_STOPS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _registry_resolves_start_with_the_file(request):
-    """The registry's resolves wait mostly on PyPI: started with this file's first test, so that the file's other
-    tests run meanwhile, instead of waiting when the first test that reads one comes."""
-    if any("resolves" in item.fixturenames for item in request.session.items if item.module is request.module):
-        request.getfixturevalue("resolves")
-
-
 def first_minute(name: str) -> install_plan.BenchPlan | str:
     """What the bench session decides on a recorded machine before it installs anything."""
     return install_plan.plan(RECORDED[name].machine, RECORDED[name].profile)
