@@ -32,7 +32,6 @@ from benchmarks.model.terms import (
     OUTSIDE_ALLOCATED,
     RUNTIME_BYTES,
     SHARES_ENGINE_WEIGHTS,
-    VLLM_OVERHEAD_BYTES,
     EngineNeed,
     Estimate,
     Workload,
@@ -63,7 +62,6 @@ __all__ = [
     "OUTSIDE_ALLOCATED",
     "RUNTIME_BYTES",
     "SHARES_ENGINE_WEIGHTS",
-    "VLLM_OVERHEAD_BYTES",
     "Workload",
     "engine_need",
     "layer_activation_bytes",
@@ -242,7 +240,8 @@ def _cannot_start(levers: Levers, hardware: Hardware, share: float, need: Engine
         f"{what} cannot start: its share ({levers.vllm_gpu_memory_utilization:g} x {hardware.memory_gib:g} GiB = "
         f"{share / GIB:.1f} GiB) is less than its {need.precision} weights ({need.weights / GIB:.1f} GiB), the KV "
         f"cache of one sequence at its max_model_len ({need.kv_one_sequence / GIB:.2f} GiB; vLLM refuses to start "
-        f"with less) and vLLM's overheads ({need.overhead / GIB:.1f} GiB, assumed): {need.to_start / GIB:.1f} GiB"
+        f"with less) and vLLM's overheads in its share ({need.overhead / GIB:.2f} GiB: {need.overhead_words}): "
+        f"{need.to_start / GIB:.1f} GiB"
     )
 
 
@@ -266,19 +265,20 @@ def _colocated_engine(est: Estimate, step: _Step) -> None:
         need = replace(need, weights=0, precision=need.precision + ", shared with the policy")
     note = (
         f"vllm_gpu_memory_utilization x device memory; holds {need.precision} weights "
-        f"{need.weights / GIB:.1f} GiB + one rollout's KV {need.kv_cache / GIB:.1f} GiB + overheads "
-        f"{need.overhead / GIB:.1f} GiB (assumed)"
+        f"{need.weights / GIB:.1f} GiB + one rollout's KV {need.kv_cache / GIB:.1f} GiB + overheads: "
+        f"{need.overhead_words}"
     )
     if reserved < need.to_start:
         est.engine_cannot_start = _cannot_start(levers, hardware, reserved, need, "engine")
     elif reserved < need.total:
         note += f"; KV for {(reserved - need.weights - need.overhead) / need.kv_cache:.0%} of the rollout at once"
     if levers.vllm_enable_sleep_mode:
-        note += "; sleep mode (TRL 1.16: level 2) frees weights and KV outside the rollout"
-        est.add("rollout", "vllm", reserved, note)
+        note += "; sleep mode (TRL 1.16: level 2) frees weights and KV outside the rollout, its graphs stay"
+        est.add("rollout", "vllm", reserved + need.graphs, note)
+        est.add("training", "vllm", need.graphs, note)
     else:
         for phase in ("rollout", "training"):
-            est.add(phase, "vllm", reserved, note)
+            est.add(phase, "vllm", reserved + need.graphs, note)
 
 
 def _generate(est: Estimate, step: _Step) -> None:

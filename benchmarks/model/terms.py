@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from benchmarks.catalog.profiles import Levers
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.bandwidth import kv_bytes_per_token
+from benchmarks.model.vllm_memory import engine_overheads
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -56,10 +57,6 @@ RUNTIME_BYTES = {"cpu": int(0.8 * GIB), "cpu-fixed": int(0.72 * GIB), "cuda": in
 # The terms that are no tensor torch's allocator holds on CUDA: the context, what it keeps cached after a
 # free, and vLLM's engine (allocated outside it). A phase measured as allocated tensors is compared without.
 OUTSIDE_ALLOCATED = ("runtime", "freed_gradients", "vllm")
-# vLLM's own needs beside weights and KV cache on CUDA: the CUDA context, the activations of its
-# start-up profile run (max_num_batched_tokens) and CUDA graphs. An assumption, not measured by this
-# suite yet: a GPU run's engine start replaces it.
-VLLM_OVERHEAD_BYTES = 2 * GIB
 # A DeepSpeed rank on a CPU (gloo) peaks above its model states and micro-batch by about its whole
 # gradient in the trainable parameters' dtype, though its gradient partition is all it keeps (live
 # tensors after the step are exactly the model states): the gradients backward makes before they are
@@ -169,9 +166,11 @@ class EngineNeed:
 
     weights: int
     kv_cache: int
-    overhead: int
+    overhead: int  # inside the share: outside torch and the profile run's activation peak (vllm_memory)
     precision: str
     kv_one_sequence: int = 0
+    graphs: int = 0  # CUDA graphs, captured on top of the share
+    overhead_words: str = ""
 
     @property
     def total(self) -> int:
@@ -200,7 +199,8 @@ def engine_need(shape: Shape, dtype: str, levers: Levers, work: Workload) -> Eng
     if tp > 1:
         precision += f", tensor parallel over {tp} GPUs"
     one = kv_bytes_per_token(shape, b) * length / tp
-    return EngineNeed(int(weights / tp), kv, VLLM_OVERHEAD_BYTES, precision, int(one))
+    own = engine_overheads(shape, b, levers)
+    return EngineNeed(int(weights / tp), kv, own.in_share, precision, int(one), own.graphs, own.words())
 
 
 def quantised_params(shape: Shape) -> int:

@@ -124,7 +124,7 @@ def binding_term(entry: published.Entry) -> str:
     hardware = load_hardware()[mapping.card]
     bound = plan.binding(ask_of(mapping), hardware, int(entry.stated.value))
     if bound.engine:
-        return "the vLLM engine's start (weights, one sequence's KV, 2 GiB of assumed overheads)"
+        return "the vLLM engine's start (weights, one sequence's KV, vLLM's own memory as its profiling reports it)"
     return bound.term
 
 
