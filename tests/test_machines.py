@@ -246,19 +246,20 @@ def test_install_and_run_name_the_same_gpus_and_class_on_every_recorded_machine(
         assert installed.gpu_refusal == chosen and first_minute(name) == chosen
         return
     assert (installed.gpus, installed.placed) == (len(chosen.devices), chosen.placed)
+    plan = first_minute(name)  # or the driver's stop line, which the run never reaches
+    handed = {} if isinstance(plan, str) else plan.env  # what the bench session hands the run
     for name_set_by_the_run in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):  # restored after the test
         monkeypatch.setenv(name_set_by_the_run, "")
         monkeypatch.delenv(name_set_by_the_run)
-    if listed is not None:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+    for key, value in {**environ, **handed}.items():
+        monkeypatch.setenv(key, value)
     cli.pin_devices(nvml)  # as the run does first: mixed models pinned to the chosen ones
     profile, hardware, seen = cli.detect(nvml)
-    if not chosen.devices:
-        assert (installed.driver, profile, hardware) == (None, "cpu", None)
+    if handed.get("CUDA_VISIBLE_DEVICES") == "-1" or not chosen.devices:  # the cpu profile, or every GPU hidden
+        assert (profile, hardware) == ("cpu", None) and (chosen.devices or installed.driver is None)
         return
     assert installed.gpu_name == chosen.devices[0].name and nvml_gpus.visible_gpus(nvml) == list(chosen.devices)
     assert (profile, hardware) == install_plan.classify(installed.gpu_name, installed.gpu_memory_gib, installed.gpus)
-    plan = first_minute(name)  # or the driver's stop line, which the run never reaches
     assert isinstance(plan, str) or (profile, hardware) == (plan.profile, plan.hardware), seen
     assert not chosen.placed or os.environ["CUDA_VISIBLE_DEVICES"] == chosen.placed == plan.env["CUDA_VISIBLE_DEVICES"]
 
