@@ -11,7 +11,7 @@ A device is anything with ``index``, ``name``, ``uuid``, ``memory_gib`` and ``mi
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # CUDA numbers devices fastest first unless told otherwise; nvidia-smi and NVML number them by PCI bus. The run
@@ -37,7 +37,6 @@ class Choice:
     devices: tuple[Any, ...] = ()
     note: str = ""  # mixed models: which ones run and which stay idle
     placed: str | None = None  # the CUDA_VISIBLE_DEVICES that pins the run to ``devices`` (mixed models only)
-    seen: tuple[Any, ...] = field(default=(), compare=False)  # every device CUDA_VISIBLE_DEVICES left
 
 
 def visible(devices: list[Any], listed: str | None) -> list[Any] | str:
@@ -76,7 +75,7 @@ def choose(devices: list[Any], listed: str | None) -> Choice | str:
             return mig_refusal(f"GPU {device.index} ({device.name}) has MIG mode enabled")
     models = Counter(d.name for d in left)
     if len(models) <= 1:
-        return Choice(tuple(left), seen=tuple(left))
+        return Choice(tuple(left))
     name = max(models, key=models.get)  # Counter keeps first-seen order: ties go to the first device's model
     used = tuple(d for d in left if d.name == name)
     idle = ", ".join(f"{models[n]} x {n}" for n in models if n != name)
@@ -86,4 +85,4 @@ def choose(devices: list[Any], listed: str | None) -> Choice | str:
         f"by CUDA_VISIBLE_DEVICES), one class, one question; {idle} stay idle. To measure those instead, list them "
         "in CUDA_VISIBLE_DEVICES"
     )
-    return Choice(used, note, placed, tuple(left))
+    return Choice(used, note, placed)
