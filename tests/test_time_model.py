@@ -259,6 +259,33 @@ def test_the_live_batch_thins_to_the_stated_mean():
     assert (timing.live_sequences(8, 1024, 1024) == 8).all()
 
 
+def test_a_running_sequence_is_half_the_longest_old_where_all_reach_it_and_its_scale_where_lengths_are_skewed():
+    assert timing.running_age(1024, 1024) == pytest.approx(512, abs=1)
+    scale = timing.exponential_scale(300, 8192)  # hardly cut: a running one is as old as the draws' scale
+    assert timing.running_age(8192, 300) == pytest.approx(scale, rel=0.02)
+
+
+def test_sequences_beyond_what_the_engine_s_kv_cache_holds_wait_their_turn():
+    levers = colocated(256, vllm_gpu_memory_utilization=0.25)
+    work = Workload.from_levers(levers, 256)
+    held = timing.kv_held(SEVEN_B, "bfloat16", levers, work, H100.memory_gib * 2**30)
+    # 0.25 x 80 GiB less 14.2 GiB of weights and vLLM's own, over 56 KiB a token at 256 + 512 tokens each
+    assert 90 < held < 140
+    engine = timing.engine_of(levers, work, held)
+    live, ages = timing.decode_schedule(engine, 1024, 1024)
+    assert live.max() == int(held) and live.sum() == pytest.approx(256 * 1024, rel=0.01)
+    assert len(live) == pytest.approx(256 * 1024 / int(held), abs=2) and ages.max() == 1023
+    whole = rollout_s(levers, work)
+    # a card with memory enough that its 0.25 share holds every sequence
+    assert timing.kv_held(SEVEN_B, "bfloat16", levers, work, 4 * H100.memory_gib * 2**30) > 256
+    phases = timing.phase_work(SEVEN_B, "bfloat16", levers, work, held=held)
+    assert calibration.fitted_rates(H100).seconds(phases["rollout"]) > 1.5 * whole
+    assert timing.kv_held(SEVEN_B, "bfloat16", replace(levers, use_vllm=False), work, 80 * 2**30) == float("inf")
+    # a share that cannot start the engine: the memory model refuses it; timed as if the share held the rollout
+    cannot = replace(levers, vllm_gpu_memory_utilization=0.1)
+    assert timing.kv_held(SEVEN_B, "bfloat16", cannot, work, H100.memory_gib * 2**30) == float("inf")
+
+
 def test_zero3_over_two_machines_is_slower_than_over_one_at_the_same_count():
     def phases(processes: int, machines: int) -> dict[str, float]:
         levers = replace(BASE, num_processes=processes, num_machines=machines, distributed_type="zero3")

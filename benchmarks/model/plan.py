@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -15,7 +16,7 @@ from benchmarks.catalog.shapes import Shape
 from benchmarks.model import guide
 from benchmarks.model.calibration import fitted_rates
 from benchmarks.model.estimate import GIB, GPU_COUNTS, Estimate, Workload, estimate, on_gpus
-from benchmarks.model.timing import Rates, StepTime, Work, phase_work, timed
+from benchmarks.model.timing import Rates, StepTime, Work, engine_of, kv_held, phase_work, timed
 
 ENGINES = ("colocate", "sleep", "server")
 ENGINE_LEVERS = ("use_vllm", "vllm_mode", "vllm_enable_sleep_mode")
@@ -87,10 +88,14 @@ class Ask:
         return predicted if predicted.fits(hardware.memory_gib * GIB) else None
 
     def step(self, levers: Levers, rates: Rates) -> StepTime:
-        """The time model's step; the phases' work is the same on every card, so it is counted once."""
+        """The time model's step. The phases' work is the same on every card, counted once, but where the card's
+        memory bounds the sequences a vLLM engine decodes at once (``kv_held``)."""
+        workload = self.recipe.workload(levers)
+        held = kv_held(self.shape, self.dtype, levers, workload, rates.device_bytes)
+        bound = held if held < engine_of(levers, workload).sequences else math.inf
         unshared = replace(levers, vllm_gpu_memory_utilization=1.0)
-        work = _phase_work(self.shape, self.dtype, unshared, self.prompt_tokens, self.recipe.mean_completion)
-        return timed(work, rates, self.recipe.workload(levers), levers.world_size)
+        work = _phase_work(self.shape, self.dtype, unshared, self.prompt_tokens, self.recipe.mean_completion, bound)
+        return timed(work, rates, workload, levers.world_size)
 
     def fed_counts(self) -> tuple[int, ...]:
         """The trainer GPU counts of ``GPU_COUNTS`` whose ranks the recipe's global batch splits over evenly."""
@@ -119,8 +124,11 @@ def _predicted(ask: Ask, levers: Levers, hardware: Hardware) -> Estimate:
 
 
 @functools.lru_cache(maxsize=4096)
-def _phase_work(shape: Shape, dtype: str, levers: Levers, prompt_tokens: int, mean: float = 0.0) -> dict[str, Work]:
-    return phase_work(shape, dtype, levers, Workload.from_levers(levers, prompt_tokens, mean_completion=mean))
+def _phase_work(
+    shape: Shape, dtype: str, levers: Levers, prompt_tokens: int, mean: float, held: float
+) -> dict[str, Work]:
+    work = Workload.from_levers(levers, prompt_tokens, mean_completion=mean)
+    return phase_work(shape, dtype, levers, work, held=held)
 
 
 def _axes(ask: Ask, ranks: int) -> dict[str, tuple]:

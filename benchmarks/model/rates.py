@@ -81,6 +81,7 @@ def gpu_rates(
         quantised_param_s=0.0,  # bitsandbytes' fused CUDA kernels: within the bytes
         faulted_bytes_s=float("inf"),  # a CPU's heap only
         reward_s=reward_s,
+        device_bytes=hardware.memory_gib * 2**30,
         source=f"{hardware.name}: {basis}",
     )
 

@@ -41,7 +41,13 @@ from benchmarks.model.estimate import (
     layer_activation_bytes,
     qlora_weight_bytes,
 )
-from benchmarks.model.terms import NF4_BYTES_PER_PARAM, quantised_params, trainable_element_bytes, trainable_params
+from benchmarks.model.terms import (
+    NF4_BYTES_PER_PARAM,
+    engine_need,
+    quantised_params,
+    trainable_element_bytes,
+    trainable_params,
+)
 
 # bitsandbytes' matmul_4bit multiplies one token's vector by the 4-bit weight directly (gemv_4bit); any larger input,
 # and every backward, goes through MatMul4Bit, which dequantizes the weight to 16 bits first (bitsandbytes
@@ -117,6 +123,7 @@ class Rates:
     # this suite's CPU runs fit better (held out: 34% worst against 36%), eager generate at their small sizes
     overlapped: bool = True
     collective_s: float = 0.0  # a small collective's latency
+    device_bytes: float = math.inf  # each device's memory: a vLLM engine's KV cache is its share of it, less
     source: str = ""
 
     def roofline_s(self, work: Work) -> float:
@@ -223,6 +230,35 @@ class Engine:
     tensor_parallel: int = 1
     generations: int = 1
     shared_prefill: bool = False
+    held: float = math.inf  # sequences its KV cache holds at once (``kv_held``); vLLM queues the rest
+
+
+@functools.lru_cache(maxsize=4096)
+def running_age(longest: int, mean: float) -> float:
+    """The mean age (tokens generated so far) of a running sequence while an engine admits a waiting one whenever
+    one ends: E[len^2] / 2 E[len] over the completion lengths (renewal theory's inspection paradox: half the
+    longest where every completion reaches it, the scale of an exponential's draws)."""
+    x = np.arange(longest, dtype=float)
+    running = np.exp(-x / exponential_scale(mean, longest))  # the chance a completion runs past x
+    return float(np.sum((2 * x + 1) * running) / (2 * np.sum(running)))
+
+
+@functools.lru_cache(maxsize=4096)
+def decode_schedule(engine: Engine, longest: int, mean: float) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences an engine decodes at each of its decode steps, and their mean age. Where its KV cache holds them
+    all, ``live_sequences`` from the first step. Else vLLM runs as many as it holds, admitting a waiting one as
+    each ends, until the queue drains (its sequences beyond those held, their mean length each, at the held
+    count a step), then the last held ones thin as ``live_sequences`` does."""
+    held = max(1, math.floor(min(engine.sequences, engine.held)))
+    tail = live_sequences(held, longest, mean)
+    ages = np.arange(len(tail), dtype=float)
+    if held < engine.sequences:
+        queued = math.ceil((engine.sequences - held) * mean / held)
+        tail = np.concatenate([np.full(queued, float(held)), tail])
+        ages = np.concatenate([np.full(queued, running_age(longest, mean)), ages])
+    tail.setflags(write=False)  # cached: shared by every caller
+    ages.setflags(write=False)
+    return tail, ages
 
 
 def decode_work(shape: Shape, per_byte: float, engine: Engine, work: Workload) -> Work:
@@ -231,14 +267,14 @@ def decode_work(shape: Shape, per_byte: float, engine: Engine, work: Workload) -
     deciding (``Work.roofline``); each step two all-reduces a layer of the live batch's hidden states where
     TP > 1."""
     tp = engine.tensor_parallel
-    live = live_sequences(engine.sequences, work.completion_tokens, work.mean_completion_tokens)
+    live, ages = decode_schedule(engine, work.completion_tokens, work.mean_completion_tokens)
     kv_split = min(tp, shape.num_key_value_heads)
     width = shape.num_attention_heads * shape.head_dim
     n = matmul_params(shape)
     edges = np.linspace(0, len(live), min(SEGMENTS, len(live)) + 1).astype(int)
     steps = np.diff(edges)
     batches = np.add.reduceat(live, edges[:-1]) / steps
-    contexts = work.prompt_tokens + (edges[:-1] + edges[1:] - 1) / 2 + 1
+    contexts = work.prompt_tokens + np.add.reduceat(ages, edges[:-1]) / steps + 1
     kv = batches * (contexts + 1) * kv_bytes_per_token(shape, per_byte) / kv_split
     flops = (2 * n * batches + 4 * shape.num_hidden_layers * width * contexts * batches) / tp
     runs = []
@@ -266,35 +302,54 @@ def prefill_work(shape: Shape, engine: Engine, work: Workload) -> Work:
     return Work(flops=flops / engine.tensor_parallel)
 
 
-def engine_of(levers: Levers, work: Workload) -> Engine:
+def engine_of(levers: Levers, work: Workload, held: float = math.inf) -> Engine:
     """The engine a rank's rollout runs on: transformers' generate on the rank's own sequences; a colocated vLLM
     engine over ``vllm_tensor_parallel_size`` ranks, decoding all their sequences (TRL gathers the group's
-    prompts); a server decoding every rank's, split over its data-parallel engines."""
+    prompts); a server decoding every rank's, split over its data-parallel engines; a vLLM engine's KV cache
+    holding ``held`` sequences at once."""
     if not levers.use_vllm:
         return Engine(work.rollout_sequences)
     if levers.vllm_mode == "server":
         sequences = work.rollout_sequences * levers.world_size
         engines = levers.vllm_server_data_parallel_size
         tp = levers.vllm_server_tensor_parallel_size
-        return Engine(math.ceil(sequences / engines), tp, levers.num_generations, shared_prefill=True)
+        return Engine(math.ceil(sequences / engines), tp, levers.num_generations, True, held)
     tp = levers.vllm_tensor_parallel_size
-    return Engine(work.rollout_sequences * tp, tp, levers.num_generations, shared_prefill=True)
+    return Engine(work.rollout_sequences * tp, tp, levers.num_generations, True, held)
+
+
+def kv_held(shape: Shape, dtype: str, levers: Levers, work: Workload, device_bytes: float) -> float:
+    """Sequences a vLLM engine's KV cache holds at once: its share of each of its GPUs' ``device_bytes`` less its
+    weights and vLLM's own overheads (``engine_need``, as the memory model holds them), over a running sequence's
+    KV at its prompt and mean age (``running_age``); each GPU holds 1 / TP of the KV heads (all of them where TP
+    exceeds their count). Unbounded without vLLM or a device size, and where the share cannot start the engine
+    at all: the memory model refuses that setup, and the time model times it as if its share held the rollout."""
+    if not levers.use_vllm or math.isinf(device_bytes):
+        return math.inf
+    need = engine_need(shape, dtype, levers, work)
+    room = levers.vllm_gpu_memory_utilization * device_bytes - need.weights - need.overhead
+    if room < need.kv_one_sequence:
+        return math.inf
+    tp = levers.vllm_server_tensor_parallel_size if levers.vllm_mode == "server" else levers.vllm_tensor_parallel_size
+    per_token = kv_bytes_per_token(shape, DTYPE_BYTES[dtype]) / min(tp, shape.num_key_value_heads)
+    age = running_age(work.completion_tokens, work.mean_completion_tokens)
+    return room / per_token / (work.prompt_tokens + age)
 
 
 def generation_work(shape: Shape, per_byte: float, engine: Engine, work: Workload) -> Work:
     """A vLLM engine's whole generation on one of its GPUs: the prompts' prefill, every decode step, and the engine's
     own work each step (the prefill's included)."""
-    steps = len(live_sequences(engine.sequences, work.completion_tokens, work.mean_completion_tokens))
+    steps = len(decode_schedule(engine, work.completion_tokens, work.mean_completion_tokens)[0])
     return prefill_work(shape, engine, work) + decode_work(shape, per_byte, engine, work) + Work(engine_steps=steps + 1)
 
 
-def rollout_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> dict[str, Work]:
-    """The rollout of the whole generation batch by the engine that runs it (``engine_of``), and sleep mode's
-    transfers."""
+def rollout_work(shape: Shape, dtype: str, levers: Levers, work: Workload, held: float) -> dict[str, Work]:
+    """The rollout of the whole generation batch by the engine that runs it (``engine_of``), its KV cache holding
+    ``held`` sequences at once, and sleep mode's transfers."""
     weights = weight_bytes(shape, dtype, levers)
-    engine = engine_of(levers, work)
+    engine = engine_of(levers, work, held)
     per_byte = weights / shape.param_count()
-    steps = len(live_sequences(engine.sequences, work.completion_tokens, work.mean_completion_tokens))
+    steps = len(decode_schedule(engine, work.completion_tokens, work.mean_completion_tokens)[0])
     extra = dequantised(shape, levers, 1 + steps * (engine.sequences > 1))
     if levers.distributed_type == "zero3" and levers.ds3_gather_for_generation and levers.world_size > 1:
         extra += gathered(levers, weights)  # every partition gathered to generate (or to sync the engine)
@@ -417,11 +472,19 @@ def faulted_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> di
     }
 
 
-def phase_work(shape: Shape, dtype: str, levers: Levers, work: Workload, malloc_fixed: bool = False) -> dict[str, Work]:
+def phase_work(
+    shape: Shape,
+    dtype: str,
+    levers: Levers,
+    work: Workload,
+    malloc_fixed: bool = False,
+    held: float = math.inf,
+) -> dict[str, Work]:
     """Every phase's work for one optimizer step of one rank, in ``PHASES`` order; ``malloc_fixed``: on a CPU
-    under fixed glibc thresholds (``faulted_work``)."""
+    under fixed glibc thresholds (``faulted_work``); ``held``: the sequences a vLLM engine's KV cache holds at
+    once (``kv_held``)."""
     found = {
-        **rollout_work(shape, dtype, levers, work),
+        **rollout_work(shape, dtype, levers, work, held),
         "reward": Work(completions=work.step_sequences),
         **training_work(shape, dtype, levers, work),
     }
@@ -460,7 +523,9 @@ class StepTime:
 def step_time(
     shape: Shape, dtype: str, levers: Levers, work: Workload, rates: Rates, malloc_fixed: bool = False
 ) -> StepTime:
-    return timed(phase_work(shape, dtype, levers, work, malloc_fixed), rates, work, levers.world_size)
+    held = kv_held(shape, dtype, levers, work, rates.device_bytes)
+    phases = phase_work(shape, dtype, levers, work, malloc_fixed, held)
+    return timed(phases, rates, work, levers.world_size)
 
 
 def timed(phases: dict[str, Work], rates: Rates, work: Workload, gpus: int) -> StepTime:
