@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import cli
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
-from benchmarks.model import calibration, timing
+from benchmarks.model import calibration, schedule, timing
 from benchmarks.model import rates as model_rates
 from benchmarks.model.estimate import Workload
 from benchmarks.report import time_validation
@@ -253,16 +253,16 @@ def test_the_longest_completion_decides_the_rollout_at_a_fixed_mean():
 
 
 def test_the_live_batch_thins_to_the_stated_mean():
-    live = timing.live_sequences(256, 4096, 700)
+    live = schedule.live_sequences(256, 4096, 700)
     assert live[0] == 256 and live[-1] == pytest.approx(1, abs=0.1) and len(live) <= 4096
     assert live.sum() / 256 == pytest.approx(700, rel=0.1)
-    assert (timing.live_sequences(8, 1024, 1024) == 8).all()
+    assert (schedule.live_sequences(8, 1024, 1024) == 8).all()
 
 
 def test_a_running_sequence_is_half_the_longest_old_where_all_reach_it_and_its_scale_where_lengths_are_skewed():
-    assert timing.running_age(1024, 1024) == pytest.approx(512, abs=1)
-    scale = timing.exponential_scale(300, 8192)  # hardly cut: a running one is as old as the draws' scale
-    assert timing.running_age(8192, 300) == pytest.approx(scale, rel=0.02)
+    assert schedule.running_age(1024, 1024) == pytest.approx(512, abs=1)
+    scale = schedule.exponential_scale(300, 8192)  # hardly cut: a running one is as old as the draws' scale
+    assert schedule.running_age(8192, 300) == pytest.approx(scale, rel=0.02)
 
 
 def test_sequences_beyond_what_the_engine_s_kv_cache_holds_wait_their_turn():
@@ -272,7 +272,7 @@ def test_sequences_beyond_what_the_engine_s_kv_cache_holds_wait_their_turn():
     # 0.25 x 80 GiB less 14.2 GiB of weights and vLLM's own, over 56 KiB a token at 256 + 512 tokens each
     assert 90 < held < 140
     engine = timing.engine_of(levers, work, held)
-    live, ages = timing.decode_schedule(engine, 1024, 1024)
+    live, ages = schedule.decode_schedule(engine, 1024, 1024)
     assert live.max() == int(held) and live.sum() == pytest.approx(256 * 1024, rel=0.01)
     assert len(live) == pytest.approx(256 * 1024 / int(held), abs=2) and ages.max() == 1023
     whole = rollout_s(levers, work)

@@ -19,8 +19,9 @@ import numpy as np
 from benchmarks.catalog import published
 from benchmarks.catalog.profiles import Hardware, load_hardware, load_shapes
 from benchmarks.model.rates import ASSUMED, GpuConstants, gpu_rates
+from benchmarks.model.schedule import Engine
 from benchmarks.model.terms import DTYPE_BYTES, Workload
-from benchmarks.model.timing import Engine, Rates, Work, generation_work
+from benchmarks.model.timing import Rates, Work, generation_work
 
 # The kinds a constant is fitted on, and the constants they fit (columns of FLOPs, bytes, engine steps): decode
 # figures fit decode's bandwidth share and the engine step; training's FLOP share stays assumed until a GRPO step

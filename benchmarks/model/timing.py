@@ -10,8 +10,9 @@ stated with its source (``calibration.fitted_rates``), an assumption until a run
   for its generations under vLLM's prefix cache); each decode step the longer of its bytes (1 / TP of the
   weights, the live sequences' KV cache) and its FLOPs at their rates, plus a per-step overhead (eager kernel
   launches and dispatch, or vLLM's engine step) and TP's all-reduces. The rollout lasts until its longest
-  completion ends, the batch thinning as shorter ones do (``live_sequences``). With vLLM colocated the policy's
-  weights are copied into the engine each step, asleep moved to and from the host, on a server broadcast.
+  completion ends, the batch thinning as shorter ones do, sequences beyond what the engine's KV cache holds
+  waiting their turn (``schedule``). With vLLM colocated the policy's weights are copied into the engine each
+  step, asleep moved to and from the host, on a server broadcast.
 - logprob: a forward without gradients over the generation batch for the old policy (vLLM's importance
   sampling) and one for the reference (beta > 0), ZeRO-3 gathering the weights for each micro-batch.
 - forward_backward: 6 FLOPs a parameter a token (8 with checkpointing's recompute; LoRA's frozen weights
@@ -41,6 +42,7 @@ from benchmarks.model.estimate import (
     layer_activation_bytes,
     qlora_weight_bytes,
 )
+from benchmarks.model.schedule import Engine, decode_schedule, expected_longest, running_age
 from benchmarks.model.terms import (
     NF4_BYTES_PER_PARAM,
     engine_need,
@@ -174,91 +176,7 @@ def weight_bytes(shape: Shape, dtype: str, levers: Levers) -> float:
     return qlora_weight_bytes(shape, b) if levers.model == "qlora" else shape.param_count() * b
 
 
-def exponential_scale(mean: float, longest: int) -> float:
-    """The scale of completion lengths drawn from an exponential cut at ``longest`` (a completion that reaches it
-    stops there) whose mean is ``mean``: mu (1 - exp(-longest / mu)) = mean; inf where every completion runs to
-    the longest. RL completions are skewed this way: most end early, a few run to the cap."""
-    if mean >= longest:
-        return math.inf
-    cut_mean = lambda mu: mu * -math.expm1(-longest / mu)  # noqa: E731
-    low, high = mean, 2.0 * mean
-    while cut_mean(high) < mean and high < 1e12 * longest:
-        low, high = high, 2 * high
-    for _ in range(100):
-        middle = (low + high) / 2
-        low, high = (middle, high) if cut_mean(middle) < mean else (low, middle)
-    return high
-
-
-@functools.lru_cache(maxsize=4096)
-def expected_longest(count: int, longest: int, mean: float) -> float:
-    """The longest of ``count`` completions on average, lengths as ``exponential_scale`` draws them: the integral
-    over x up to ``longest`` of the chance that one of them runs past x, 1 - (1 - exp(-x / mu))^count (``mean``
-    itself for one completion)."""
-    scale = exponential_scale(mean, longest)
-    if math.isinf(scale):
-        return float(longest)
-    x = np.arange(longest) + 0.5
-    return float(np.sum(1 - (-np.expm1(-x / scale)) ** count))
-
-
-@functools.lru_cache(maxsize=4096)
-def live_sequences(sequences: int, longest: int, mean: float) -> np.ndarray:
-    """Sequences an engine still decodes at each of its decode steps: all of them until the longest ends where
-    every completion runs to ``longest``; else the batch thins as completions end (lengths exponential with the
-    given mean, ``exponential_scale``), the rollout lasting until its longest completion ends
-    (``expected_longest``), the last one decoding alone."""
-    scale = exponential_scale(mean, longest)
-    if math.isinf(scale):
-        live = np.full(longest, float(sequences))
-    else:
-        steps = max(1, math.ceil(expected_longest(sequences, longest, mean)))
-        live = np.maximum(1.0, sequences * np.exp(-np.arange(steps) / scale))
-    live.setflags(write=False)  # cached: shared by every caller
-    return live
-
-
 SEGMENTS = 16  # a rollout's decode steps priced in this many runs of alike steps
-
-
-@dataclass(frozen=True)
-class Engine:
-    """One inference engine's rollout: the sequences it decodes together, over ``tensor_parallel`` GPUs, each
-    prompt's ``generations`` sharing its prefill (vLLM's prefix cache) or not (``shared_prefill``)."""
-
-    sequences: int
-    tensor_parallel: int = 1
-    generations: int = 1
-    shared_prefill: bool = False
-    held: float = math.inf  # sequences its KV cache holds at once (``kv_held``); vLLM queues the rest
-
-
-@functools.lru_cache(maxsize=4096)
-def running_age(longest: int, mean: float) -> float:
-    """The mean age (tokens generated so far) of a running sequence while an engine admits a waiting one whenever
-    one ends: E[len^2] / 2 E[len] over the completion lengths (renewal theory's inspection paradox: half the
-    longest where every completion reaches it, the scale of an exponential's draws)."""
-    x = np.arange(longest, dtype=float)
-    running = np.exp(-x / exponential_scale(mean, longest))  # the chance a completion runs past x
-    return float(np.sum((2 * x + 1) * running) / (2 * np.sum(running)))
-
-
-@functools.lru_cache(maxsize=4096)
-def decode_schedule(engine: Engine, longest: int, mean: float) -> tuple[np.ndarray, np.ndarray]:
-    """Sequences an engine decodes at each of its decode steps, and their mean age. Where its KV cache holds them
-    all, ``live_sequences`` from the first step. Else vLLM runs as many as it holds, admitting a waiting one as
-    each ends, until the queue drains (its sequences beyond those held, their mean length each, at the held
-    count a step), then the last held ones thin as ``live_sequences`` does."""
-    held = max(1, math.floor(min(engine.sequences, engine.held)))
-    tail = live_sequences(held, longest, mean)
-    ages = np.arange(len(tail), dtype=float)
-    if held < engine.sequences:
-        queued = math.ceil((engine.sequences - held) * mean / held)
-        tail = np.concatenate([np.full(queued, float(held)), tail])
-        ages = np.concatenate([np.full(queued, running_age(longest, mean)), ages])
-    tail.setflags(write=False)  # cached: shared by every caller
-    ages.setflags(write=False)
-    return tail, ages
 
 
 def decode_work(shape: Shape, per_byte: float, engine: Engine, work: Workload) -> Work:
