@@ -134,6 +134,23 @@ def test_a_hint_names_the_configuration_that_results_in_words_not_a_ladder_label
     assert "{" not in out and ", full," not in change
 
 
+def test_adamw_s_update_holds_one_temporary_a_parameter_on_cuda_two_of_the_largest_on_a_cpu_and_none_fused():
+    shape, work = load_shapes()["0.5b"], Workload(1, 256, 256)
+    full = Levers(model="full")
+    params = shape.param_count()
+
+    def update(levers: Levers, hardware: str) -> int:
+        training = estimate(shape, "float32", levers, work, load_hardware()[hardware]).phases["training"]
+        return training["optimizer_update"]
+
+    # torch's foreach AdamW: _foreach_sqrt(exp_avg_sqs) for every parameter at once, then in place
+    assert update(full, "h100") == params * 4
+    assert update(dataclasses.replace(full, optim="adamw_torch_fused"), "h100") == 0
+    # one parameter at a time: sqrt() and its quotient, the largest parameter (the embedding) twice
+    largest = shape.vocab_size * shape.hidden_size
+    assert update(full, "cpu") <= 2 * largest * 4 < params * 4
+
+
 def test_an_offloaded_optimizer_steps_on_the_host_so_its_update_takes_no_gpu_memory():
     shape, work = load_shapes()["32b"], Workload(1, 256, 1024)
     zero3 = Levers(model="full", num_processes=8, distributed_type="zero3", gradient_checkpointing=True)

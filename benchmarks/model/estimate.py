@@ -195,15 +195,18 @@ def _optimizer(est: Estimate, step: _Step) -> int:
         state = 2 * trainable * step.trainable_bytes
         est.add("training", "optimizer_state", state, "AdamW m and v in the params' dtype")
     est.add("rollout", "optimizer_state", state)
-    # The update's temporaries, counted from the code. torch AdamW: `exp_avg_sq.sqrt() / bias_correction`,
-    # two the size of a parameter (on CPU one parameter at a time, so the largest; on CUDA `foreach`
-    # makes them for every parameter at once). bitsandbytes on CPU: its 32-bit path (the embedding's,
-    # kept 32-bit) makes three fp32 ones (`g.float() * scale`, `sqrt + eps`, the update); its 8-bit
-    # blocks are small.
+    # The update's temporaries, counted from the code (torch 2.13, torch/optim/adam.py). On a CPU torch AdamW
+    # runs one parameter at a time (foreach off): `(exp_avg_sq.sqrt() / bias_correction2_sqrt)` holds two the
+    # size of the largest parameter at once. On CUDA its default `foreach` path makes one for every parameter at
+    # once (`_foreach_sqrt(exp_avg_sqs)`, then divided, added and applied in place); the fused kernels make none.
+    # bitsandbytes on CPU: its 32-bit path (the embedding's, kept 32-bit) makes three fp32 ones
+    # (`g.float() * scale`, `sqrt + eps`, the update); its 8-bit blocks are small.
     largest = embedding if not peft else step.shape.intermediate_size * step.shape.hidden_size
     if levers.optim.endswith("8bit"):
         return 0 if step.cuda else 3 * min(largest, trainable) * 4  # CUDA: bitsandbytes' fused kernels
-    return 2 * (trainable if step.cuda else min(largest, trainable)) * step.trainable_bytes
+    if "fused" in levers.optim:
+        return 0
+    return (trainable if step.cuda else 2 * min(largest, trainable)) * step.trainable_bytes
 
 
 def _activations(est: Estimate, step: _Step) -> None:
