@@ -53,6 +53,8 @@ def test_every_stated_figure_is_in_the_quote_it_is_copied_from():
         # a mapping's levers pass the command line's own checks
         (lambda t: t.replace("num_generations = 2", "num_generations = 1", 1), "levers.num_generations: 1 is not"),
         (lambda t: t.replace('distributed_type = "zero3"', 'distributed_type = "zero4"', 1), "one of no, ddp"),
+        # the policy's dtype as the framework loads it: one the suite knows
+        (lambda t: t.replace('shape = "0.5b"', 'shape = "0.5b"\ndtype = "fp8"', 1), "mapping.dtype: 'fp8' is not one"),
     ],
 )
 def test_a_bad_entry_is_an_error_naming_the_file_the_entry_and_the_key(tmp_path, change, message):

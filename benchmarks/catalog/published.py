@@ -73,6 +73,7 @@ class Mapping:
     mean_completion: float = 0.0  # the completions' mean length where the source states it (0: all at the longest)
     sequences: int = 0  # decode: the engine's batch, over ``gpus`` GPUs in tensor parallel
     completion_tokens: int = 0  # decode: the tokens each sequence generates
+    dtype: str = "bfloat16"  # the policy's weights as the framework loads them (TRL 0.2x: float32 unless told)
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,8 @@ def _check_mapping(mapping: Mapping, where: str) -> None:
         raise ProfileError(f"{where}: mapping.card: {mapping.card!r} is not in profiles/hardware.toml")
     if mapping.gpus <= 0 or mapping.prompt_tokens <= 0:
         raise ProfileError(f"{where}: mapping.gpus and mapping.prompt_tokens must be positive")
+    if mapping.dtype not in profiles.DTYPES:
+        raise ProfileError(f"{where}: mapping.dtype: {mapping.dtype!r} is not one of {', '.join(profiles.DTYPES)}")
     # each lever as the command line checks it: a name it knows, a value it accepts
     profiles._build(profiles.Levers, mapping.levers, where, "mapping.levers.", partial=True)
     for name, value in mapping.levers.items():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-ARCHITECTURES = ("qwen2", "llama", "qwen3_moe", "gpt_oss")
+ARCHITECTURES = ("qwen2", "llama", "qwen3", "qwen3_moe", "gpt_oss")
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,13 @@ class Shape:
         return self.num_experts_per_tok * self.moe_intermediate_size if self.moe else self.intermediate_size
 
     def attention_params(self) -> int:
-        """One layer's attention: q, k, v, o (Qwen2 adds q/k/v biases; Qwen3-MoE per-head q/k norms;
-        gpt-oss biases on all four and a sink per head)."""
+        """One layer's attention: q, k, v, o (Qwen2 adds q/k/v biases; Qwen3, dense or MoE, per-head q/k
+        norms; gpt-oss biases on all four and a sink per head)."""
         h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
         params = 2 * h * q + 2 * h * kv
         if self.architecture == "qwen2":
             params += q + 2 * kv
-        elif self.architecture == "qwen3_moe":
+        elif self.architecture in ("qwen3", "qwen3_moe"):
             params += 2 * self.head_dim
         elif self.architecture == "gpt_oss":
             params += q + 2 * kv + h + self.num_attention_heads

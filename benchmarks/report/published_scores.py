@@ -47,7 +47,7 @@ def ask_of(mapping: published.Mapping) -> plan.Ask:
         completion_tokens=base.max_completion_length,
         mean_completion=mapping.mean_completion,
     )
-    return plan.Ask(load_shapes()[mapping.shape], base, frozenset(mapping.levers), recipe)
+    return plan.Ask(load_shapes()[mapping.shape], base, frozenset(mapping.levers), recipe, mapping.dtype)
 
 
 def score(entry: published.Entry) -> Score:
