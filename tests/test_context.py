@@ -173,7 +173,13 @@ def test_the_analytic_model_orders_the_loss_paths_as_their_logits_terms():
         path: context.predicted_max(shape, settings, settings.levers, hardware, path)
         for path in ("materialised", "trl-tiled", "row-chunked")
     }
-    assert longest["materialised"] < longest["trl-tiled"] < longest["row-chunked"]
+    # at the search's granule of 64 tokens the two chunked paths may tie; at one length their peaks do not
+    assert longest["materialised"] < longest["trl-tiled"] <= longest["row-chunked"]
+    peaks = [
+        context.budgeted_peak(shape, settings, settings.levers, hardware, path, longest["trl-tiled"])
+        for path in ("materialised", "trl-tiled", "row-chunked")
+    ]
+    assert peaks[0] > peaks[1] > peaks[2]
     share = context.logits_share(settings, hardware, longest["materialised"], "materialised")
     assert share.logits_bytes == share.terms["logits"] > 0.3 * share.rest_bytes
 
