@@ -112,6 +112,18 @@ def test_the_fit_recovers_the_constants_that_made_the_figures():
     assert fitted.training_mfu == rates.ASSUMED.training_mfu  # no decode figure fits training's FLOPs
 
 
+def test_a_figure_in_requests_a_second_runs_its_queue_through_the_engine_s_max_num_seqs():
+    entry = next(e for e in ENTRIES if e.stated.unit == "requests/s" and e.mapping.max_num_seqs)
+    engine, _ = calibration.decode_engine(entry.mapping)
+    assert (engine.sequences, engine.held) == (entry.mapping.sequences, entry.mapping.max_num_seqs)
+    assert calibration.stated_seconds(entry) == pytest.approx(entry.mapping.sequences / entry.stated.value)
+    rates = calibration.fitted_rates(load_hardware()[entry.mapping.card])
+    queued = calibration.decode_seconds(entry, rates)
+    at_once = dataclasses.replace(entry, mapping=dataclasses.replace(entry.mapping, max_num_seqs=0))
+    assert queued > calibration.decode_seconds(at_once, rates)  # fewer running: each step's weights serve fewer
+    assert calibration.as_stated(entry, queued) == pytest.approx(entry.mapping.sequences / queued)
+
+
 def test_decode_figures_come_from_three_projects_on_two_gpu_classes_and_are_predicted_within_1_25x():
     fitted = calibration.calibration_entries(ENTRIES)
     assert len({e.source.split("-")[0] for e in fitted}) >= 3 and len({e.mapping.card for e in fitted}) >= 2

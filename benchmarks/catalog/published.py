@@ -24,7 +24,8 @@ KINDS = {
     "min_gpus": ("GPUs",),  # the fewest GPUs that run the setup
     "time": ("s", "seconds"),  # seconds an optimizer step
     "throughput": ("tokens/s/GPU",),  # tokens a second per GPU
-    "decode": ("tokens/s", "ms"),  # an inference engine's batch: its output tokens a second, or its whole time
+    # an inference engine's batch: its output tokens a second, its whole time, or its requests a second
+    "decode": ("tokens/s", "ms", "requests/s"),
     "context": ("tokens", "K tokens"),  # the longest context a setup trains at
     "relative": ("%", "x", "GB"),  # a saving or a ratio against another setup (sleep mode's, a loss's)
 }
@@ -73,6 +74,7 @@ class Mapping:
     mean_completion: float = 0.0  # the completions' mean length where the source states it (0: all at the longest)
     sequences: int = 0  # decode: the engine's batch, over ``gpus`` GPUs in tensor parallel
     completion_tokens: int = 0  # decode: the tokens each sequence generates
+    max_num_seqs: int = 0  # decode: the sequences the engine runs at once where it is given more (0: all at once)
     dtype: str = "bfloat16"  # the policy's weights as the framework loads them (TRL 0.2x: float32 unless told)
 
 

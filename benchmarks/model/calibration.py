@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -51,9 +52,10 @@ class Parts:
 
 
 def decode_engine(mapping: published.Mapping) -> tuple[Engine, Workload]:
-    """A decode figure's engine: its batch over its tensor-parallel GPUs, each prompt its own."""
+    """A decode figure's engine: its batch over its tensor-parallel GPUs, each prompt its own, at most
+    ``max_num_seqs`` of them running at once (the rest queued: ``schedule.decode_schedule``)."""
     work = Workload(mapping.sequences, mapping.prompt_tokens, mapping.completion_tokens)
-    return Engine(mapping.sequences, mapping.gpus), work
+    return Engine(mapping.sequences, mapping.gpus, held=mapping.max_num_seqs or math.inf), work
 
 
 def decode_work(entry: published.Entry) -> dict[str, Work]:
@@ -68,10 +70,13 @@ def decode_seconds(entry: published.Entry, rates: Rates) -> float:
 
 
 def stated_seconds(entry: published.Entry) -> float:
-    """A decode figure as the seconds its batch took: tokens over tokens a second, or its milliseconds."""
+    """A decode figure as the seconds its batch took: tokens over tokens a second, requests over requests a second,
+    or its milliseconds."""
     figure, mapping = entry.stated, entry.mapping
     if figure.unit == "ms":
         return figure.value / 1000
+    if figure.unit == "requests/s":
+        return mapping.sequences / figure.value
     return mapping.sequences * mapping.completion_tokens / figure.value
 
 
@@ -79,6 +84,8 @@ def as_stated(entry: published.Entry, seconds: float) -> float:
     """Seconds of a decode figure's batch in the figure's own unit."""
     if entry.stated.unit == "ms":
         return seconds * 1000
+    if entry.stated.unit == "requests/s":
+        return entry.mapping.sequences / seconds
     return entry.mapping.sequences * entry.mapping.completion_tokens / seconds
 
 
