@@ -124,6 +124,14 @@ def test_a_figure_in_requests_a_second_runs_its_queue_through_the_engine_s_max_n
     assert calibration.as_stated(entry, queued) == pytest.approx(entry.mapping.sequences / queued)
 
 
+def test_a_decode_figure_whose_engine_has_a_share_runs_what_its_kv_cache_holds():
+    entry = next(e for e in ENTRIES if e.kind == "decode" and e.mapping and e.mapping.levers.get("use_vllm"))
+    engine, _ = calibration.decode_engine(entry.mapping)
+    assert 1 < engine.held < entry.mapping.sequences  # the KV cache, not the request count, sets the running batch
+    roomier = dataclasses.replace(entry.mapping, levers=entry.mapping.levers | {"vllm_gpu_memory_utilization": 0.95})
+    assert calibration.decode_engine(roomier)[0].held > engine.held
+
+
 def test_decode_figures_come_from_three_projects_on_two_gpu_classes_and_are_predicted_within_1_25x():
     fitted = calibration.calibration_entries(ENTRIES)
     assert len({e.source.split("-")[0] for e in fitted}) >= 3 and len({e.mapping.card for e in fitted}) >= 2

@@ -18,11 +18,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from benchmarks.catalog import published
-from benchmarks.catalog.profiles import Hardware, load_hardware, load_shapes
+from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model.rates import ASSUMED, GpuConstants, gpu_rates
 from benchmarks.model.schedule import Engine
 from benchmarks.model.terms import DTYPE_BYTES, Workload
-from benchmarks.model.timing import Rates, Work, generation_work
+from benchmarks.model.timing import Rates, Work, generation_work, kv_held
 
 # The kinds a constant is fitted on, and the constants they fit (columns of FLOPs, bytes, engine steps): decode
 # figures fit decode's bandwidth share and the engine step; training's FLOP share stays assumed until a GRPO step
@@ -53,9 +53,14 @@ class Parts:
 
 def decode_engine(mapping: published.Mapping) -> tuple[Engine, Workload]:
     """A decode figure's engine: its batch over its tensor-parallel GPUs, each prompt its own, at most
-    ``max_num_seqs`` of them running at once (the rest queued: ``schedule.decode_schedule``)."""
+    ``max_num_seqs`` of them running at once, and where its levers give a vLLM engine's share, no more than its
+    KV cache holds (``timing.kv_held``); the rest queued (``schedule.decode_schedule``)."""
     work = Workload(mapping.sequences, mapping.prompt_tokens, mapping.completion_tokens)
-    return Engine(mapping.sequences, mapping.gpus, held=mapping.max_num_seqs or math.inf), work
+    held = mapping.max_num_seqs or math.inf
+    if mapping.levers.get("use_vllm"):
+        levers, memory = replace(Levers(), **mapping.levers), load_hardware()[mapping.card].memory_gib * 2**30
+        held = min(held, kv_held(load_shapes()[mapping.shape], "bfloat16", levers, work, memory))
+    return Engine(mapping.sequences, mapping.gpus, held=held), work
 
 
 def decode_work(entry: published.Entry) -> dict[str, Work]:
