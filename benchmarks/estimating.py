@@ -165,7 +165,7 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     if fits:
         rates = step_rates(levers, hardware)
         setup = plan.Setup(card, hardware, levers, server, est.peak, ask.step(levers, rates))
-        print_step_time(args, setup, rates, ask.recipe)
+        print_step_time(args, setup, rates, ask)
         return 0
     print("no time or cost: it does not fit")
     if hardware.peak_bf16_tflops:  # a GPU class: what would fit on more of it, or with other levers
@@ -254,15 +254,23 @@ def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> timing.R
     return time_validation.machine_rates(coefficients, measured, levers.num_processes, reward_s)
 
 
-def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: timing.Rates, recipe: guide.Recipe) -> None:
-    """Seconds per phase and per step, throughput, and GPU-hours and cost of the guide's 1,000 steps."""
+def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: timing.Rates, ask: plan.Ask) -> None:
+    """Seconds per phase and per step, throughput, and GPU-hours and cost of the guide's 1,000 steps; where the
+    engine's KV cache holds fewer sequences than it is given, how many it runs at once."""
     step = setup.step
     print(f"\ntime per step, per GPU (predicted; {rates.source})")
     print(time_validation.error_line(setup.hardware.gpu_class))
     for phase, seconds in step.phases.items():
         print(f"  {phase:24} {readable(seconds):>9} s")
     print(f"  {'step':24} {readable(step.step_s):>9} s; the rollout {step.rollout_share:.0%} of it")
-    print(cost_line(setup, recipe, args.price_per_gpu_hour, args.currency))
+    work = ask.recipe.workload(setup.levers)
+    held, given = (
+        timing.kv_held(ask.shape, ask.dtype, setup.levers, work, rates.device_bytes),
+        timing.engine_of(setup.levers, work).sequences,
+    )
+    if held < given:
+        print(f"  the engine's KV cache holds {int(held)} of its {given} sequences at once: the rest wait their turn")
+    print(cost_line(setup, ask.recipe, args.price_per_gpu_hour, args.currency))
 
 
 def cost_line(setup: plan.Setup, job: guide.Recipe, price: float | None, currency: str) -> str:

@@ -306,3 +306,12 @@ def test_estimate_prices_the_gpus_its_levers_name(capsys):
     with pytest.raises(SystemExit):
         cli.main(["estimate", "--shape", "7b", "--hardware", "h100", "--gpus", "3"])
     assert "3 GPUs: the global batch of 8 completions does not split evenly" in capsys.readouterr().err
+
+
+def test_estimate_says_how_many_sequences_its_engine_holds_where_the_kv_cache_binds(capsys):
+    levers = "model=lora,use_vllm=true,gradient_checkpointing=true,vllm_gpu_memory_utilization="
+    args = ["estimate", "--shape", "7b", "--hardware", "h100", "--global-batch", "256", "--levers"]
+    assert cli.main([*args, levers + "0.25"]) == 0
+    assert "the engine's KV cache holds 119 of its 256 sequences at once" in capsys.readouterr().out
+    assert cli.main([*args, levers + "0.6"]) == 0
+    assert "KV cache holds" not in capsys.readouterr().out  # a share that holds the whole rollout
