@@ -86,12 +86,12 @@ def decode_schedule(engine: Engine, longest: int, mean: float) -> tuple[np.ndarr
     each ends, until the queue drains (its sequences beyond those held, their mean length each, at the held
     count a step), then the last held ones thin as ``live_sequences`` does."""
     held = max(1, math.floor(min(engine.sequences, engine.held)))
-    tail = live_sequences(held, longest, mean)
-    ages = np.arange(len(tail), dtype=float)
+    live = live_sequences(held, longest, mean)
+    ages = np.arange(len(live), dtype=float)
     if held < engine.sequences:
         queued = math.ceil((engine.sequences - held) * mean / held)
-        tail = np.concatenate([np.full(queued, float(held)), tail])
+        live = np.concatenate([np.full(queued, float(held)), live])
         ages = np.concatenate([np.full(queued, running_age(longest, mean)), ages])
-    tail.setflags(write=False)  # cached: shared by every caller
+    live.setflags(write=False)  # cached: shared by every caller
     ages.setflags(write=False)
-    return tail, ages
+    return live, ages

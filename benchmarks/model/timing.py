@@ -125,7 +125,7 @@ class Rates:
     # this suite's CPU runs fit better (held out: 34% worst against 36%), eager generate at their small sizes
     overlapped: bool = True
     collective_s: float = 0.0  # a small collective's latency
-    device_bytes: float = math.inf  # each device's memory: a vLLM engine's KV cache is its share of it, less
+    device_bytes: float = math.inf  # each device's memory: a vLLM engine's share of it bounds its KV cache
     source: str = ""
 
     def roofline_s(self, work: Work) -> float:
