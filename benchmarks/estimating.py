@@ -264,11 +264,9 @@ def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: timing.R
         print(f"  {phase:24} {readable(seconds):>9} s")
     print(f"  {'step':24} {readable(step.step_s):>9} s; the rollout {step.rollout_share:.0%} of it")
     work = ask.recipe.workload(setup.levers)
-    held, given = (
-        timing.kv_held(ask.shape, ask.dtype, setup.levers, work, rates.device_bytes),
-        timing.engine_of(setup.levers, work).sequences,
-    )
-    if held < given:
+    held = timing.kv_held(ask.shape, ask.dtype, setup.levers, work, rates.device_bytes)
+    if held < math.inf:
+        given = timing.engine_of(setup.levers, work).sequences
         print(f"  the engine's KV cache holds {int(held)} of its {given} sequences at once: the rest wait their turn")
     print(cost_line(setup, ask.recipe, args.price_per_gpu_hour, args.currency))
 

@@ -75,7 +75,7 @@ class Mapping:
     sequences: int = 0  # decode: the engine's batch, over ``gpus`` GPUs in tensor parallel
     completion_tokens: int = 0  # decode: the tokens each sequence generates
     max_num_seqs: int = 0  # decode: the sequences the engine runs at once where it is given more (0: all at once)
-    dtype: str = "bfloat16"  # the policy's weights as the framework loads them (TRL 0.2x: float32 unless told)
+    dtype: str = "bfloat16"  # the policy's weights as the framework loads them
 
 
 @dataclass(frozen=True)

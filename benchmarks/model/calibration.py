@@ -21,7 +21,7 @@ from benchmarks.catalog import published
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model.rates import ASSUMED, GpuConstants, gpu_rates
 from benchmarks.model.schedule import Engine
-from benchmarks.model.terms import DTYPE_BYTES, Workload
+from benchmarks.model.terms import DTYPE_BYTES, GIB, Workload
 from benchmarks.model.timing import Rates, Work, generation_work, kv_held
 
 # The kinds a constant is fitted on, and the constants they fit (columns of FLOPs, bytes, engine steps): decode
@@ -58,7 +58,7 @@ def decode_engine(mapping: published.Mapping) -> tuple[Engine, Workload]:
     work = Workload(mapping.sequences, mapping.prompt_tokens, mapping.completion_tokens)
     held = mapping.max_num_seqs or math.inf
     if mapping.levers.get("use_vllm"):
-        levers, memory = replace(Levers(), **mapping.levers), load_hardware()[mapping.card].memory_gib * 2**30
+        levers, memory = replace(Levers(), **mapping.levers), load_hardware()[mapping.card].memory_gib * GIB
         held = min(held, kv_held(load_shapes()[mapping.shape], "bfloat16", levers, work, memory))
     return Engine(mapping.sequences, mapping.gpus, held=held), work
 

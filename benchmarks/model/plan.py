@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -16,7 +15,7 @@ from benchmarks.catalog.shapes import Shape
 from benchmarks.model import guide
 from benchmarks.model.calibration import fitted_rates
 from benchmarks.model.estimate import GIB, GPU_COUNTS, Estimate, Workload, estimate, on_gpus
-from benchmarks.model.timing import Rates, StepTime, Work, engine_of, kv_held, phase_work, timed
+from benchmarks.model.timing import Rates, StepTime, Work, kv_held, phase_work, timed
 
 ENGINES = ("colocate", "sleep", "server")
 ENGINE_LEVERS = ("use_vllm", "vllm_mode", "vllm_enable_sleep_mode")
@@ -92,9 +91,8 @@ class Ask:
         memory bounds the sequences a vLLM engine decodes at once (``kv_held``)."""
         workload = self.recipe.workload(levers)
         held = kv_held(self.shape, self.dtype, levers, workload, rates.device_bytes)
-        bound = held if held < engine_of(levers, workload).sequences else math.inf
         unshared = replace(levers, vllm_gpu_memory_utilization=1.0)
-        work = _phase_work(self.shape, self.dtype, unshared, self.prompt_tokens, self.recipe.mean_completion, bound)
+        work = _phase_work(self.shape, self.dtype, unshared, self.prompt_tokens, self.recipe.mean_completion, held)
         return timed(work, rates, workload, levers.world_size)
 
     def fed_counts(self) -> tuple[int, ...]:

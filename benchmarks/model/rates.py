@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks.catalog.profiles import Hardware
+from benchmarks.model.terms import GIB
 from benchmarks.model.timing import CALIBRATION_FLOPS, Rates, Work
 
 # GPU classes: peaks times these efficiencies, each an assumption with its source until published calibration
@@ -81,7 +82,7 @@ def gpu_rates(
         quantised_param_s=0.0,  # bitsandbytes' fused CUDA kernels: within the bytes
         faulted_bytes_s=float("inf"),  # a CPU's heap only
         reward_s=reward_s,
-        device_bytes=hardware.memory_gib * 2**30,
+        device_bytes=hardware.memory_gib * GIB,
         source=f"{hardware.name}: {basis}",
     )
 

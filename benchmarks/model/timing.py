@@ -237,11 +237,12 @@ def engine_of(levers: Levers, work: Workload, held: float = math.inf) -> Engine:
 
 
 def kv_held(shape: Shape, dtype: str, levers: Levers, work: Workload, device_bytes: float) -> float:
-    """Sequences a vLLM engine's KV cache holds at once: its share of each of its GPUs' ``device_bytes`` less its
-    weights and vLLM's own overheads (``engine_need``, as the memory model holds them), over a running sequence's
-    KV at its prompt and mean age (``running_age``); each GPU holds 1 / TP of the KV heads (all of them where TP
-    exceeds their count). Unbounded without vLLM or a device size, and where the share cannot start the engine
-    at all: the memory model refuses that setup, and the time model times it as if its share held the rollout."""
+    """Sequences a vLLM engine's KV cache holds at once, where fewer than the engine is given (``engine_of``): its
+    share of each of its GPUs' ``device_bytes`` less its weights and vLLM's own overheads (``engine_need``, as the
+    memory model holds them), over a running sequence's KV at its prompt and mean age (``running_age``); each GPU
+    holds 1 / TP of the KV heads (all of them where TP exceeds their count). Unbounded where it holds them all,
+    without vLLM or a device size, and where the share cannot start the engine at all: the memory model refuses
+    that setup, and the time model times it as if its share held the rollout."""
     if not levers.use_vllm or math.isinf(device_bytes):
         return math.inf
     need = engine_need(shape, dtype, levers, work)
@@ -251,7 +252,8 @@ def kv_held(shape: Shape, dtype: str, levers: Levers, work: Workload, device_byt
     tp = levers.vllm_server_tensor_parallel_size if levers.vllm_mode == "server" else levers.vllm_tensor_parallel_size
     per_token = kv_bytes_per_token(shape, DTYPE_BYTES[dtype]) / min(tp, shape.num_key_value_heads)
     age = running_age(work.completion_tokens, work.mean_completion_tokens)
-    return room / per_token / (work.prompt_tokens + age)
+    held = room / per_token / (work.prompt_tokens + age)
+    return held if held < engine_of(levers, work).sequences else math.inf
 
 
 def generation_work(shape: Shape, per_byte: float, engine: Engine, work: Workload) -> Work:
