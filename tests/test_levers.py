@@ -134,3 +134,14 @@ class _Sink:
 
     def flush(self) -> None:
         pass
+
+
+def test_changed_levers_are_what_dataclasses_replace_makes_and_an_unknown_name_is_refused():
+    changes = {f.name: getattr(AWAY, f.name) for f in dataclasses.fields(Levers)}
+    made = Levers().changed(**changes)
+    assert made == dataclasses.replace(Levers(), **changes) == AWAY and hash(made) == hash(AWAY)
+    assert Levers().changed(beta=0.1).beta == 0.1 and Levers().beta == 0.0  # the original is left as it was
+    with pytest.raises(TypeError, match="no lever bta"):
+        Levers().changed(bta=0.1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.beta = 1.0

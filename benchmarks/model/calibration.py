@@ -58,7 +58,7 @@ def decode_engine(mapping: published.Mapping) -> tuple[Engine, Workload]:
     work = Workload(mapping.sequences, mapping.prompt_tokens, mapping.completion_tokens)
     held = mapping.max_num_seqs or math.inf
     if mapping.levers.get("use_vllm"):
-        levers, memory = replace(Levers(), **mapping.levers), load_hardware()[mapping.card].memory_gib * GIB
+        levers, memory = Levers().changed(**mapping.levers), load_hardware()[mapping.card].memory_gib * GIB
         held = min(held, kv_held(load_shapes()[mapping.shape], "bfloat16", levers, work, memory))
     return Engine(mapping.sequences, mapping.gpus, held=held), work
 

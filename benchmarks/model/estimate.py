@@ -452,8 +452,7 @@ def on_gpus(levers: Levers, count: int) -> Levers:
         else levers.vllm_tensor_parallel_size
     )
     offloaded = "cpu" in (levers.offload_param_device, levers.offload_optimizer_device)
-    return replace(
-        levers,
+    return levers.changed(
         num_processes=ranks,
         num_machines=machines,
         distributed_type="no" if count == 1 and not offloaded else kind,  # ZeRO offload runs on one rank too
@@ -465,7 +464,7 @@ def engine_sized_to_rollout(shape: Shape, dtype: str, levers: Levers, work: Work
     """A colocated engine's share sized to the rollout: its weights in its own precision (4-bit for QLoRA, as TRL
     starts it), the workload's KV cache and vLLM's overheads, with 10% slack (at most 0.95 of the device)."""
     need = engine_need(shape, dtype, levers, work).total
-    return replace(levers, vllm_gpu_memory_utilization=min(0.95, 1.1 * need / (hardware.memory_gib * GIB)))
+    return levers.changed(vllm_gpu_memory_utilization=min(0.95, 1.1 * need / (hardware.memory_gib * GIB)))
 
 
 def as_run(bench: GrpoBench, levers: Levers, shape: Shape, hardware: Hardware) -> Levers:
@@ -474,7 +473,7 @@ def as_run(bench: GrpoBench, levers: Levers, shape: Shape, hardware: Hardware) -
     not the shape's whole context; with ``engine_share = "rollout"``, a colocated engine on a GPU of known memory
     gets the share its rollout needs."""
     if levers.vllm_max_model_length is None:
-        levers = replace(levers, vllm_max_model_length=bench.prompt_words + levers.max_completion_length + 8)
+        levers = levers.changed(vllm_max_model_length=bench.prompt_words + levers.max_completion_length + 8)
     colocated = levers.use_vllm and levers.vllm_mode == "colocate" and hardware.gpu_class != "cpu"
     if bench.engine_share == "rollout" and colocated and hardware.memory_gib:
         work = Workload.from_levers(levers, bench.prompt_words)

@@ -4,7 +4,7 @@ up, and the unit of work that cost is counted in."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from benchmarks.catalog.levers import GUIDE_LEVERS, GUIDE_PROMPT_TOKENS, Levers, differences
 from benchmarks.catalog.profiles import Hardware
@@ -15,7 +15,7 @@ from benchmarks.model.estimate import Workload, engine_sized_to_rollout
 # generations of 1024 tokens after a 256-token prompt a GPU, bf16.
 GUIDE_DTYPE = "bfloat16"
 GUIDE_WORKLOAD = Workload.from_levers(GUIDE_LEVERS, GUIDE_PROMPT_TOKENS)
-GUIDE_BASE = replace(GUIDE_LEVERS, use_vllm=True, beta=0.04)
+GUIDE_BASE = GUIDE_LEVERS.changed(use_vllm=True, beta=0.04)
 # Lever sets from the least machinery to the most: sizing.md's cell is the first that fits.
 LADDER = (
     ("full, AdamW", {}),
@@ -110,7 +110,7 @@ class Recipe:
 
     def levers(self, base: Levers) -> Levers:
         """``base`` with this recipe's generations and longest completion."""
-        return replace(base, num_generations=self.generations, max_completion_length=self.completion_tokens)
+        return base.changed(num_generations=self.generations, max_completion_length=self.completion_tokens)
 
     def workload(self, levers: Levers) -> Workload:
         return Workload.from_levers(levers, self.prompt_tokens, mean_completion=self.mean_completion)

@@ -91,7 +91,7 @@ class Ask:
         memory bounds the sequences a vLLM engine decodes at once (``kv_held``)."""
         workload = self.recipe.workload(levers)
         held = kv_held(self.shape, self.dtype, levers, workload, rates.device_bytes)
-        unshared = replace(levers, vllm_gpu_memory_utilization=1.0)
+        unshared = levers.changed(vllm_gpu_memory_utilization=1.0)
         work = _phase_work(self.shape, self.dtype, unshared, self.prompt_tokens, self.recipe.mean_completion, held)
         return timed(work, rates, workload, levers.world_size)
 
@@ -109,7 +109,7 @@ class Ask:
             return None
         micro = max(b for b in range(1, min(share, levers.per_device_train_batch_size) + 1) if share % b == 0)
         tp = levers if "vllm_tensor_parallel_size" in self.fixed else spread
-        spread = replace(spread, per_device_train_batch_size=micro, gradient_accumulation_steps=share // micro,
+        spread = spread.changed(per_device_train_batch_size=micro, gradient_accumulation_steps=share // micro,
                          vllm_tensor_parallel_size=tp.vllm_tensor_parallel_size)  # fmt: skip
         fixed = "vllm_gpu_memory_utilization" in self.fixed
         return guide.engine_share(self.shape, self.dtype, spread, hardware, self.prompt_tokens, fixed)
@@ -163,7 +163,7 @@ def _with(ask: Ask, choice: dict) -> Levers:
     if choice["engine"] != "generate":
         levers |= dict(use_vllm=True, vllm_mode="server" if choice["engine"] == "server" else "colocate",
                        vllm_enable_sleep_mode=choice["engine"] == "sleep")  # fmt: skip
-    return replace(ask.base, **levers)
+    return ask.base.changed(**levers)
 
 
 def lightest(ask: Ask) -> Levers:
@@ -186,7 +186,7 @@ def placements(ask: Ask, levers: Levers, count: int, hardware: Hardware) -> Iter
             yield placed, 0
         return
     for server in (s for s in SERVER_GPUS if count - s in GPU_COUNTS):
-        served = replace(levers, vllm_server_tensor_parallel_size=server, vllm_gpu_memory_utilization=SERVER_SHARE)
+        served = levers.changed(vllm_server_tensor_parallel_size=server, vllm_gpu_memory_utilization=SERVER_SHARE)
         trainer = ask.on(served, count - server, hardware)
         if trainer is not None and ask.predict(trainer, hardware).engine_cannot_start is None:
             yield trainer, server
@@ -200,18 +200,20 @@ COUNTS = tuple(sorted({t + s for t in GPU_COUNTS for s in (0, *SERVER_GPUS) if t
 
 def fastest(ask: Ask, hardware: Hardware, card: str, count: int) -> Setup | None:
     """The setup of ``count`` GPUs of ``hardware`` whose predicted step is the shortest among those that fit. A
-    smaller micro-batch only adds passes, so the largest that fits is the one weighed; nothing is weighed where
-    the lightest choice of every lever does not fit."""
+    smaller micro-batch only adds passes, so the largest that fits is the one weighed; a choice is tried only at
+    micro-batches no larger than the largest a lighter choice fit at (``heavier``), and not at all where a lighter
+    one fit none."""
     axes = _axes(ask, count)
     micro_batches = axes.pop("per_device_train_batch_size")
-    rates, best, failed = fitted_rates(hardware), None, []
+    rates, best, bounded = fitted_rates(hardware), None, []  # (a choice, the largest micro-batch it fit at; 0: none)
     for values in itertools.product(*(reversed(v) for v in axes.values())):  # the lightest first
         choice = dict(zip(axes, values, strict=True))
-        if any(heavier(choice, light, axes) for light in failed):
+        most = min((m for light, m in bounded if heavier(choice, light, axes)), default=micro_batches[0])
+        if not most:
             continue
-        placed = _fitting(ask, choice, micro_batches, count, hardware)
-        if not placed:
-            failed.append(choice)
+        micro, placed = _fitting(ask, choice, tuple(b for b in micro_batches if b <= most), count, hardware)
+        if micro < micro_batches[0]:
+            bounded.append((choice, micro))
         for levers, server, found in placed:
             setup = Setup(card, hardware, levers, server, found.peak, ask.step(levers, rates))
             if best is None or setup.step.step_s < best.step.step_s:
@@ -234,15 +236,16 @@ def heavier(choice: dict, other: dict, axes: dict[str, tuple]) -> bool:
 
 def _fitting(
     ask: Ask, choice: dict, micro_batches: tuple, count: int, hardware: Hardware
-) -> list[tuple[Levers, int, Estimate]]:
-    """``choice`` placed on ``count`` GPUs at the largest micro-batch that fits, with its estimate; or nothing."""
+) -> tuple[int, list[tuple[Levers, int, Estimate]]]:
+    """The largest of ``micro_batches`` at which ``choice`` fits on ``count`` GPUs, and its placements with their
+    estimates; (0, []) where none fits."""
     for micro in micro_batches:
         levers = _with(ask, choice | {"per_device_train_batch_size": micro})
         placed = [(p, server, ask.fits(p, hardware)) for p, server in placements(ask, levers, count, hardware)]
         placed = [item for item in placed if item[2] is not None]
         if placed:
-            return placed
-    return []
+            return micro, placed
+    return 0, []
 
 
 def plan(ask: Ask, cards: dict[str, Hardware]) -> list[Setup]:
@@ -312,7 +315,7 @@ def _changed(levers: Levers, change: dict) -> Levers | None:
         change = {k: v for k, v in change.items() if k != "micro_batch"} | {"per_device_train_batch_size": 1}
     if (change.get("vllm_enable_sleep_mode") or "vllm_mode" in change) and not levers.use_vllm:
         return None
-    changed = replace(levers, **change)
+    changed = levers.changed(**change)
     return None if changed == levers else changed
 
 

@@ -93,10 +93,10 @@ class Work:
     completions: float = 0.0  # completions the reward scores
 
     def __add__(self, other: Work) -> Work:
-        return Work(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(Work)})
+        return Work(**{name: getattr(self, name) + getattr(other, name) for name in WORK_FIELDS})
 
     def __mul__(self, times: float) -> Work:
-        scaled = {f.name: getattr(self, f.name) * times for f in fields(Work) if f.name != "roofline"}
+        scaled = {name: getattr(self, name) * times for name in WORK_FIELDS if name != "roofline"}
         return Work(**scaled, roofline=tuple((steps * times, f, b) for steps, f, b in self.roofline))
 
     def bound(self, flop_s: float, bytes_s: float) -> tuple[float, float]:
@@ -104,6 +104,9 @@ class Work:
         flops = sum(steps * f for steps, f, b in self.roofline if f / flop_s >= b / bytes_s)
         nbytes = sum(steps * b for steps, f, b in self.roofline if f / flop_s < b / bytes_s)
         return flops, nbytes
+
+
+WORK_FIELDS = tuple(f.name for f in fields(Work))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ yet (*not yet measured*)."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import combinations
 
 import pandas as pd
@@ -134,7 +134,7 @@ def _anchor_model(size: str, gpu_class: str, named: dict | None) -> str:
     if named is None:
         verdict = "holds" if cell is not None and cell.count == 1 else "does not hold: needs more than one GPU"
         return f"{size}: {lightest}: {verdict}"
-    levers = vllm_share(replace(GUIDE_BASE, **named), size, hardware)
+    levers = vllm_share(GUIDE_BASE.changed(**named), size, hardware)
     peak = estimate(load_shapes()[size], GUIDE_DTYPE, levers, GUIDE_WORKLOAD, hardware, malloc_fixed=True).peak
     verdict = "holds" if peak <= hardware.memory_gib * GIB else "does not hold"
     return (
@@ -187,7 +187,7 @@ def three_lever_fits(size: str) -> dict[tuple[str, ...], float]:
     for count in range(len(THREE_LEVERS) + 1):
         for engaged in combinations(THREE_LEVERS, count):
             change = {k: v for name in engaged for k, v in THREE_LEVERS[name].items()}
-            levers = vllm_share(replace(GUIDE_BASE, **change), size, hardware)
+            levers = vllm_share(GUIDE_BASE.changed(**change), size, hardware)
             peaks[engaged] = estimate(shape, GUIDE_DTYPE, levers, GUIDE_WORKLOAD, hardware, malloc_fixed=True).peak
     return peaks
 

@@ -4,8 +4,6 @@ pandas itself."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pandas as pd
 
 from benchmarks.catalog.levers import differences
@@ -88,7 +86,7 @@ def reward_shares(results: list[Result]) -> pd.DataFrame:
             continue
         ran = [c for c in result.record.configurations if c.status == "ok" and c.summary]
         real = [c for c in ran if c.lever_values.reward != "synthetic"]
-        bases = {replace(c.lever_values, reward="synthetic") for c in real}
+        bases = {c.lever_values.changed(reward="synthetic") for c in real}
         for configuration in ran:
             if configuration in real or configuration.lever_values in bases:
                 summary = configuration.summary

@@ -3,8 +3,6 @@ throughput (``rewards.md``) and ranks under ZeRO (``distributed.md``)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pandas as pd
 
 from benchmarks.catalog.profiles import load_hardware, load_shapes
@@ -64,7 +62,7 @@ def decode_table(results: list[Result]) -> str:
     columns = ["machine", "file", "engine", "context", "GB/s", "of ceiling"]
     lines.append(frames.markdown(pd.DataFrame(measured, columns=columns), numeric=("context", "GB/s", "of ceiling")))
     lines += ["", *precision_rows(rollout)]
-    spark_levers = replace(GUIDE_BASE, model="lora", gradient_checkpointing=True)
+    spark_levers = GUIDE_BASE.changed(model="lora", gradient_checkpointing=True)
     lines += ["", *time_tables.spark_rows(GUIDE_WORKLOAD, spark_levers, GUIDE_DTYPE)]
     return "\n".join(lines) + "\n"
 

@@ -8,7 +8,7 @@ import functools
 import math
 import statistics
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from benchmarks.catalog import published
 from benchmarks.catalog.profiles import load_hardware, load_shapes
@@ -38,7 +38,7 @@ class Score:
 
 def ask_of(mapping: published.Mapping) -> plan.Ask:
     """The mapped setup as a plan's question: its levers, and the recipe its ranks' batches add up to."""
-    base = replace(guide.GUIDE_BASE, **mapping.levers)
+    base = guide.GUIDE_BASE.changed(**mapping.levers)
     per_rank = base.per_device_train_batch_size * base.gradient_accumulation_steps
     recipe = guide.Recipe.of_batch(
         per_rank * mapping.gpus,

@@ -67,7 +67,7 @@ def predicted_cell(shape_name: str, hardware: Hardware) -> Cell | None:
     counts = (1,) if hardware.gpu_class == "cpu" else GPU_COUNTS
     for count in counts:
         for label, change in guide.ladder(hardware):
-            levers = vllm_share(on_gpus(replace(GUIDE_BASE, **change), count), shape_name, hardware)
+            levers = vllm_share(on_gpus(GUIDE_BASE.changed(**change), count), shape_name, hardware)
             predicted = estimate(shape, GUIDE_DTYPE, levers, GUIDE_WORKLOAD, hardware, malloc_fixed=True)
             if predicted.fits(hardware.memory_gib * GIB):
                 fastest = None

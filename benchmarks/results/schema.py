@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import json
 import os
 import re
@@ -240,7 +241,7 @@ FILES: dict[str, type] = {
 
 def decode(cls: type, value: Any, where: str) -> Any:
     """``value`` (parsed JSON) as the record type ``cls``; a SchemaError naming ``where`` and the key."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     if not isinstance(value, dict):
         raise SchemaError(f"{where}: expected an object, got {type(value).__name__}")
     given = {}
@@ -252,6 +253,12 @@ def decode(cls: type, value: Any, where: str) -> Any:
     record = cls(**given)
     record._more = {key: item for key, item in value.items() if key not in given}  # kept, written back as read
     return record
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A record type's resolved annotations, once a process (resolving them costs more than decoding a file)."""
+    return typing.get_type_hints(cls)
 
 
 def _key(where: str, key: str) -> str:

@@ -127,7 +127,7 @@ def _probe_record(length: int, record: schema.WorkerRecord, predicted_peak: int,
 def contender_levers(name: str, settings: ContextBench) -> Levers:
     """The search's levers with the contender's own over them (those that are levers)."""
     own = CONTENDERS[name].levers
-    return replace(settings.levers, **{k: v for k, v in own.items() if hasattr(settings.levers, k)})
+    return settings.levers.changed(**{k: v for k, v in own.items() if hasattr(settings.levers, k)})
 
 
 # Every contender's probes on CUDA run under these allocator settings: Unsloth's import sets them in its

@@ -46,7 +46,7 @@ class Job:
         return self.levers.use_vllm and self.levers.vllm_mode == "server"
 
     def with_levers(self, **changes: Any) -> Job:
-        return replace(self, levers=replace(self.levers, **changes))
+        return replace(self, levers=self.levers.changed(**changes))
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self)))
