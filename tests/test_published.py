@@ -8,7 +8,7 @@ import pytest
 from benchmarks import REPO
 from benchmarks.catalog import published
 from benchmarks.catalog.levers import ProfileError
-from benchmarks.catalog.profiles import load_hardware
+from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.model import calibration, rates
 from benchmarks.report import published_scores, tables
 from benchmarks.report.time_validation import error_line
@@ -55,6 +55,8 @@ def test_every_stated_figure_is_in_the_quote_it_is_copied_from():
         (lambda t: t.replace('distributed_type = "zero3"', 'distributed_type = "zero4"', 1), "one of no, ddp"),
         # the policy's dtype as the framework loads it: one the suite knows
         (lambda t: t.replace('shape = "0.5b"', 'shape = "0.5b"\ndtype = "fp8"', 1), "mapping.dtype: 'fp8' is not one"),
+        # a trained sequence's length is a training figure's alone
+        (lambda t: t.replace('shape = "0.5b"', 'shape = "0.5b"\nsequence_tokens = 4096', 1), "sequence_tokens is a"),
     ],
 )
 def test_a_bad_entry_is_an_error_naming_the_file_the_entry_and_the_key(tmp_path, change, message):
@@ -89,9 +91,9 @@ def test_verl_s_engine_sleeps_between_rollouts_in_every_mapping_as_verl_builds_i
 
 def test_a_held_out_entry_never_reaches_the_fit():
     fitted = calibration.fit(ENTRIES)
-    decode = [e for e in ENTRIES if e.kind == "decode" and e.mapping]
-    assert set(fitted.fitted_on) == {e.id for e in decode if e.role == "calibration"} and len(fitted.fitted_on) >= 12
-    held = [dataclasses.replace(e, role="held-out") for e in decode]
+    fitting = [e for e in ENTRIES if e.kind in ("decode", "training") and e.mapping]
+    assert set(fitted.fitted_on) == {e.id for e in fitting if e.role == "calibration"} and len(fitted.fitted_on) >= 21
+    held = [dataclasses.replace(e, role="held-out") for e in fitting]
     assert calibration.fit(held) == rates.ASSUMED  # nothing to fit: the assumptions stand
     wild = [dataclasses.replace(e, id=e.id + "-wild", figures={e.figure: dataclasses.replace(e.stated, value=1e-3)})
             for e in held]  # fmt: skip
@@ -99,17 +101,18 @@ def test_a_held_out_entry_never_reaches_the_fit():
 
 
 def test_the_fit_recovers_the_constants_that_made_the_figures():
-    truth = rates.GpuConstants(training_mfu=0.4, decode_mbu=0.55, engine_step_s=3.5e-3)
+    truth = rates.GpuConstants(training_mfu=0.35, decode_mbu=0.55, engine_step_s=3.5e-3, expert_mfu=0.22)
     hardware = load_hardware()
     made = []
     for e in calibration.calibration_entries(ENTRIES):
-        seconds = calibration.decode_seconds(e, rates.gpu_rates(hardware[e.mapping.card], truth))
+        seconds = calibration.entry_seconds(e, rates.gpu_rates(hardware[e.mapping.card], truth))
         figure = dataclasses.replace(e.stated, value=calibration.as_stated(e, seconds))
         made.append(dataclasses.replace(e, figures={e.figure: figure}))
     fitted = calibration.fit(made)
     assert fitted.decode_mbu == pytest.approx(0.55, rel=0.02)
     assert fitted.engine_step_s == pytest.approx(3.5e-3, rel=0.02)
-    assert fitted.training_mfu == rates.ASSUMED.training_mfu  # no decode figure fits training's FLOPs
+    assert fitted.training_mfu == pytest.approx(0.35, rel=0.02)  # the training figures, dense and MoE
+    assert fitted.expert_mfu == pytest.approx(0.22, rel=0.02)  # the MoE training figures alone
 
 
 def test_a_figure_in_requests_a_second_runs_its_queue_through_the_engine_s_max_num_seqs():
@@ -118,9 +121,9 @@ def test_a_figure_in_requests_a_second_runs_its_queue_through_the_engine_s_max_n
     assert (engine.sequences, engine.held) == (entry.mapping.sequences, entry.mapping.max_num_seqs)
     assert calibration.stated_seconds(entry) == pytest.approx(entry.mapping.sequences / entry.stated.value)
     rates = calibration.fitted_rates(load_hardware()[entry.mapping.card])
-    queued = calibration.decode_seconds(entry, rates)
+    queued = calibration.entry_seconds(entry, rates)
     at_once = dataclasses.replace(entry, mapping=dataclasses.replace(entry.mapping, max_num_seqs=0))
-    assert queued > calibration.decode_seconds(at_once, rates)  # fewer running: each step's weights serve fewer
+    assert queued > calibration.entry_seconds(at_once, rates)  # fewer running: each step's weights serve fewer
     assert calibration.as_stated(entry, queued) == pytest.approx(entry.mapping.sequences / queued)
 
 
@@ -133,10 +136,21 @@ def test_a_decode_figure_whose_engine_has_a_share_runs_what_its_kv_cache_holds()
 
 
 def test_decode_figures_come_from_three_projects_on_two_gpu_classes_and_are_predicted_within_1_25x():
-    fitted = calibration.calibration_entries(ENTRIES)
+    fitted = [e for e in calibration.calibration_entries(ENTRIES) if e.kind == "decode"]
     assert len({e.source.split("-")[0] for e in fitted}) >= 3 and len({e.mapping.card for e in fitted}) >= 2
     ratios = [s.ratio for s in published_scores.scores() if s.entry in fitted]
     assert all(1 / 1.25 < r < 1.25 for r in ratios), ratios
+
+
+def test_training_figures_come_from_three_projects_dense_within_1_25x_and_moe_within_1_6x():
+    fitted = [e for e in calibration.calibration_entries(ENTRIES) if e.kind == "training"]
+    assert len({e.source.split("-")[0] for e in fitted}) >= 3
+    shapes = load_shapes()
+    found = {s.entry.id: s.ratio for s in published_scores.scores() if s.entry in fitted}
+    moe = {e.id for e in fitted if shapes[e.mapping.shape].moe}
+    assert len(moe) >= 3 and len(found) - len(moe) >= 6
+    # experts under natural routing train slower than forced-balanced ones; one share of peak spans both
+    assert all(1 / (1.6 if name in moe else 1.25) < r < (1.6 if name in moe else 1.25) for name, r in found.items())
 
 
 def test_published_md_regenerates_with_the_targets_met_or_missed_and_both_roles_grouped(tmp_path):

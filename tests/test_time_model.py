@@ -40,6 +40,20 @@ def test_checkpointing_adds_one_forward_and_lora_skips_the_weight_gradients():
     assert work_of(model="lora", gradient_checkpointing=True)["forward_backward"].flops == pytest.approx(3 * forward)
 
 
+def test_a_moe_s_routed_experts_train_at_their_own_rate_and_a_dense_model_has_none():
+    moe, dense = load_shapes()["qwen3-30b-a3b"], load_shapes()["8b"]
+    forward = timing.forward_work(moe, 2, 4096)
+    routed = moe.num_hidden_layers * moe.num_experts_per_tok * moe.expert_params()
+    assert forward.expert_flops == 2 * routed * 2 * 4096  # 8 of 128 experts a token, not all of them
+    matmuls = forward.flops + forward.expert_flops - timing.attention_flops(moe, 2, 4096)
+    assert matmuls == pytest.approx(2 * timing.matmul_params(moe) * 2 * 4096)
+    assert timing.forward_work(dense, 2, 4096).expert_flops == 0
+    h100 = load_hardware()["h100"]
+    fast, slow = (model_rates.gpu_rates(h100, model_rates.GpuConstants(expert_mfu=share)) for share in (0.4, 0.2))
+    assert slow.seconds(forward) > fast.seconds(forward)
+    assert slow.seconds(timing.forward_work(dense, 2, 4096)) == fast.seconds(timing.forward_work(dense, 2, 4096))
+
+
 def test_log_prob_forwards_come_with_vllm_and_with_a_reference():
     assert "logprob" not in work_of()
     one = work_of(use_vllm=True)["logprob"].flops
@@ -156,7 +170,8 @@ def test_estimate_prints_seconds_throughput_gpu_hours_and_cost(capsys):
     for text in ("time per step, per GPU", "forward_backward", "completion tokens/s per GPU", "GPU-hours for 1,000"):
         assert text in out
     assert "at 4 USD a GPU-hour" in out and "USD per million completion tokens" in out
-    assert "published calibration figures" in out and "40% of peak bf16 FLOP/s (assumed)" in out
+    trained = f"training at {calibration.fitted().training_mfu:.0%} of peak bf16 FLOP/s (fitted)"
+    assert "published calibration figures" in out and trained in out
 
 
 def test_estimate_refuses_a_negative_price(capsys):

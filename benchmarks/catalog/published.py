@@ -26,10 +26,19 @@ KINDS = {
     "throughput": ("tokens/s/GPU",),  # tokens a second per GPU
     # an inference engine's batch: its output tokens a second, its whole time, or its requests a second
     "decode": ("tokens/s", "ms", "requests/s"),
+    # a training run's tokens a second per GPU (pretraining or fine-tuning: forward, backward and optimizer, no rollout)
+    "training": ("tokens/s/GPU",),
     "context": ("tokens", "K tokens"),  # the longest context a setup trains at
     "relative": ("%", "x", "GB"),  # a saving or a ratio against another setup (sleep mode's, a loss's)
 }
-SCORED = ("memory", "min_gpus", "time", "throughput", "decode")  # the kinds the models predict: only these are mapped
+SCORED = (
+    "memory",
+    "min_gpus",
+    "time",
+    "throughput",
+    "decode",
+    "training",
+)  # the kinds the models predict: only these are mapped
 UNIT_BYTES = {"GB": 1e9, "GiB": 2**30}
 
 
@@ -75,6 +84,7 @@ class Mapping:
     sequences: int = 0  # decode: the engine's batch, over ``gpus`` GPUs in tensor parallel
     completion_tokens: int = 0  # decode: the tokens each sequence generates
     max_num_seqs: int = 0  # decode: the sequences the engine runs at once where it is given more (0: all at once)
+    sequence_tokens: int = 0  # training: each trained sequence's length (no prompt: every token is trained)
     dtype: str = "bfloat16"  # the policy's weights as the framework loads them
 
 
@@ -188,6 +198,8 @@ def _check(entry: Entry, where: str) -> None:
         _check_mapping(entry.mapping, where)
         if entry.kind == "decode" and not (entry.mapping.sequences > 0 and entry.mapping.completion_tokens > 0):
             raise ProfileError(f"{where}: mapping: a decode figure needs its sequences and completion_tokens")
+        if (entry.kind == "training") != (entry.mapping.sequence_tokens > 0):
+            raise ProfileError(f"{where}: mapping: sequence_tokens is a training figure's, and one it needs")
 
 
 def _check_mapping(mapping: Mapping, where: str) -> None:
@@ -195,8 +207,10 @@ def _check_mapping(mapping: Mapping, where: str) -> None:
         raise ProfileError(f"{where}: mapping.shape: {mapping.shape!r} is not in profiles/shapes.toml")
     if mapping.card not in profiles.load_hardware():
         raise ProfileError(f"{where}: mapping.card: {mapping.card!r} is not in profiles/hardware.toml")
-    if mapping.gpus <= 0 or mapping.prompt_tokens <= 0:
-        raise ProfileError(f"{where}: mapping.gpus and mapping.prompt_tokens must be positive")
+    if mapping.gpus <= 0 or mapping.prompt_tokens + mapping.sequence_tokens <= 0:
+        raise ProfileError(
+            f"{where}: mapping.gpus and mapping.prompt_tokens (training: sequence_tokens) must be positive"
+        )
     if mapping.dtype not in profiles.DTYPES:
         raise ProfileError(f"{where}: mapping.dtype: {mapping.dtype!r} is not one of {', '.join(profiles.DTYPES)}")
     # each lever as the command line checks it: a name it knows, a value it accepts

@@ -3,8 +3,9 @@ turn a card's catalogued peaks into rates (``fitted_rates``), fitted only on the
 of results/published/ (held-out entries never reach this module's fit) and used by every answer.
 
 Each calibration entry's stated figure is read as seconds (a decode batch's tokens over its tokens a second, a
-step's seconds) and the model's seconds split into what each constant scales: FLOPs at the card's peak (1 / MFU),
-bytes at its spec bandwidth (1 / MBU), vLLM engine steps (seconds each), and the rest at the assumed rates. The
+trained sequence's tokens over its tokens a second a GPU) and the model's seconds split into what each constant
+scales: FLOPs at the card's peak (1 / MFU), a MoE's routed experts' FLOPs likewise (1 / their own MFU), bytes at its
+spec bandwidth (1 / MBU), vLLM engine steps (seconds each), and the rest at the assumed rates. The
 constants minimise the relative error by least squares, none negative; a decode step's binding side (FLOPs or
 bytes) is decided at the constants of the previous round, from the assumptions on."""
 
@@ -22,13 +23,13 @@ from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_sh
 from benchmarks.model.rates import ASSUMED, GpuConstants, gpu_rates
 from benchmarks.model.schedule import Engine
 from benchmarks.model.terms import DTYPE_BYTES, GIB, Workload
-from benchmarks.model.timing import Rates, Work, generation_work, kv_held
+from benchmarks.model.timing import Rates, Work, forward_work, generation_work, kv_held, training_passes
 
-# The kinds a constant is fitted on, and the constants they fit (columns of FLOPs, bytes, engine steps): decode
-# figures fit decode's bandwidth share and the engine step; training's FLOP share stays assumed until a GRPO step
-# time on a catalogued card is mapped as calibration.
-FITTED_KINDS = ("decode",)
-FITTED_COLUMNS = (1, 2)
+# The kinds a constant is fitted on, and the constants they fit (columns of FLOPs, bytes, engine steps, routed
+# experts' FLOPs): decode figures fit decode's bandwidth share and the engine step, training figures training's
+# FLOP share, dense and through a MoE's experts.
+FITTED_KINDS = ("decode", "training")
+FITTED_COLUMNS = (0, 1, 2, 3)
 ROUNDS = 5
 
 
@@ -39,6 +40,7 @@ class Parts:
     flops_s: float  # at the card's peak FLOP/s
     bytes_s: float  # at the card's spec bandwidth
     engine_steps: float
+    expert_flops_s: float  # a MoE's routed experts' FLOPs at the card's peak
     rest_s: float
     stated_s: float
 
@@ -47,6 +49,7 @@ class Parts:
             self.flops_s / constants.training_mfu
             + self.bytes_s / constants.decode_mbu
             + self.engine_steps * constants.engine_step_s
+            + self.expert_flops_s / constants.expert_mfu
             + self.rest_s
         )
 
@@ -69,15 +72,31 @@ def decode_work(entry: published.Entry) -> dict[str, Work]:
     return {"generation": generation_work(shape, DTYPE_BYTES["bfloat16"], engine, work)}
 
 
-def decode_seconds(entry: published.Entry, rates: Rates) -> float:
-    """The model's seconds for a decode figure's whole batch."""
-    return sum(rates.seconds(w) for w in decode_work(entry).values())
+def trained_work(entry: published.Entry) -> dict[str, Work]:
+    """A training figure's work on one of its GPUs for one sequence: its forward and backward (and recompute) through
+    every matmul and attention (``timing.forward_work``). Its sharding's collectives, its optimizer (spread over a
+    step of many sequences) and a framework's other kernels sit inside the share of peak it reaches."""
+    mapping = entry.mapping
+    levers = Levers().changed(**mapping.levers)
+    forward = forward_work(load_shapes()[mapping.shape], 1, mapping.sequence_tokens)
+    return {"training": forward * training_passes(levers)}
+
+
+def entry_work(entry: published.Entry) -> dict[str, Work]:
+    return trained_work(entry) if entry.kind == "training" else decode_work(entry)
+
+
+def entry_seconds(entry: published.Entry, rates: Rates) -> float:
+    """The model's seconds for a decode figure's whole batch, or a training figure's sequence on one GPU."""
+    return sum(rates.seconds(w) for w in entry_work(entry).values())
 
 
 def stated_seconds(entry: published.Entry) -> float:
     """A decode figure as the seconds its batch took: tokens over tokens a second, requests over requests a second,
-    or its milliseconds."""
+    or its milliseconds; a training figure as the seconds a GPU takes for one sequence."""
     figure, mapping = entry.stated, entry.mapping
+    if entry.kind == "training":
+        return mapping.sequence_tokens / figure.value
     if figure.unit == "ms":
         return figure.value / 1000
     if figure.unit == "requests/s":
@@ -86,7 +105,9 @@ def stated_seconds(entry: published.Entry) -> float:
 
 
 def as_stated(entry: published.Entry, seconds: float) -> float:
-    """Seconds of a decode figure's batch in the figure's own unit."""
+    """Seconds of a decode figure's batch, or of a training figure's sequence, in the figure's own unit."""
+    if entry.kind == "training":
+        return entry.mapping.sequence_tokens / seconds
     if entry.stated.unit == "ms":
         return seconds * 1000
     if entry.stated.unit == "requests/s":
@@ -96,19 +117,17 @@ def as_stated(entry: published.Entry, seconds: float) -> float:
 
 def parts(entry: published.Entry, hardware: Hardware, constants: GpuConstants) -> Parts:
     rates = gpu_rates(hardware, constants)
-    flops = nbytes = steps = rest = 0.0
-    for w in decode_work(entry).values():
+    flops = nbytes = steps = experts = rest = 0.0
+    for w in entry_work(entry).values():
         bound_flops, bound_bytes = w.bound(rates.flop_s, rates.bytes_s)
         flops += w.flops + bound_flops
         nbytes += w.bytes + bound_bytes
         steps += w.engine_steps
-        rest += rates.seconds(replace(w, flops=0.0, bytes=0.0, roofline=(), engine_steps=0.0))
+        experts += w.expert_flops
+        rest += rates.seconds(replace(w, flops=0.0, expert_flops=0.0, bytes=0.0, roofline=(), engine_steps=0.0))
+    peak = hardware.peak_bf16_tflops * 1e12
     return Parts(
-        flops / (hardware.peak_bf16_tflops * 1e12),
-        nbytes / (hardware.spec_bandwidth_gb_s * 1e9),
-        steps,
-        rest,
-        stated_seconds(entry),
+        flops / peak, nbytes / (hardware.spec_bandwidth_gb_s * 1e9), steps, experts / peak, rest, stated_seconds(entry)
     )
 
 
@@ -132,16 +151,17 @@ def fit(entries: list[published.Entry]) -> GpuConstants:
 
 
 def _least_squares(rows: list[Parts], start: GpuConstants) -> GpuConstants:
-    """1 / MFU, 1 / MBU and the engine step's seconds minimising the relative error, none negative: every subset
-    of them solved, the best non-negative one; the others keep ``start``'s."""
-    columns = np.array([[r.flops_s, r.bytes_s, r.engine_steps] for r in rows]) / np.array([[r.stated_s] for r in rows])
+    """1 / MFU, 1 / MBU, the engine step's seconds and 1 / the experts' MFU minimising the relative error, none
+    negative: every subset of them solved, the best non-negative one; the others keep ``start``'s."""
+    columns = np.array([[r.flops_s, r.bytes_s, r.engine_steps, r.expert_flops_s] for r in rows])
+    columns /= np.array([[r.stated_s] for r in rows])
     target = np.array([1 - r.rest_s / r.stated_s for r in rows])
-    current = np.array([1 / start.training_mfu, 1 / start.decode_mbu, start.engine_step_s])
+    current = np.array([1 / start.training_mfu, 1 / start.decode_mbu, start.engine_step_s, 1 / start.expert_mfu])
     moved = [i for i in FITTED_COLUMNS if columns[:, i].any()]
     best, best_residual = current, float("inf")
     for size in range(1, len(moved) + 1):
         for subset in itertools.combinations(moved, size):
-            fixed = [i for i in range(3) if i not in subset]
+            fixed = [i for i in range(len(current)) if i not in subset]
             aim = target - columns[:, fixed] @ current[fixed]
             solution, *_ = np.linalg.lstsq(columns[:, subset], aim, rcond=None)
             if (solution <= 0).any():
@@ -151,8 +171,8 @@ def _least_squares(rows: list[Parts], start: GpuConstants) -> GpuConstants:
             residual = float(np.sum((columns @ full - target) ** 2))
             if residual < best_residual:
                 best, best_residual = full, residual
-    mfu, mbu = min(1.0, 1 / float(best[0])), min(1.0, 1 / float(best[1]))
-    return GpuConstants(mfu, mbu, float(best[2]))  # plain floats: the figures they make go into JSON result files
+    mfu, mbu, experts = (min(1.0, 1 / float(best[i])) for i in (0, 1, 3))
+    return GpuConstants(mfu, mbu, float(best[2]), experts)  # plain floats: their figures go into JSON result files
 
 
 @functools.cache

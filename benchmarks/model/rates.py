@@ -33,18 +33,20 @@ class GpuConstants:
     training_mfu: float = TRAINING_MFU
     decode_mbu: float = DECODE_MBU
     engine_step_s: float = ENGINE_STEP_S
+    expert_mfu: float = TRAINING_MFU  # a MoE's routed experts in training (assumed as the dense share until fitted)
     fitted_on: tuple[str, ...] = ()
 
     def words(self) -> str:
         """The basis of every GPU figure, for the tables and the answers."""
         if not self.fitted_on:
             return GPU_ASSUMPTIONS
-        flops = "assumed" if self.training_mfu == TRAINING_MFU else "fitted"
+        said = lambda share: "assumed" if share == TRAINING_MFU else "fitted"  # noqa: E731
         return (
             f"fitted on {len(self.fitted_on)} published calibration figures (results/tables/published.md): "
             f"{self.decode_mbu:.0%} of spec bandwidth and {self.engine_step_s * 1e3:.3g} ms a vLLM decode step; "
-            f"{self.training_mfu:.0%} of peak bf16 FLOP/s ({flops}); {COLLECTIVE_S * 1e6:g} us a tensor-parallel "
-            "all-reduce and links at their spec (assumed)"
+            f"training at {self.training_mfu:.0%} of peak bf16 FLOP/s ({said(self.training_mfu)}), a mixture of "
+            f"experts' routed experts at {self.expert_mfu:.0%} ({said(self.expert_mfu)}); {COLLECTIVE_S * 1e6:g} us "
+            "a tensor-parallel all-reduce and links at their spec (assumed)"
         )
 
 
@@ -71,6 +73,7 @@ def gpu_rates(
     basis = f"{decode_gb_s:g} GB/s" if decode_gb_s else c.words()
     return Rates(
         flop_s=c.training_mfu * hardware.peak_bf16_tflops * 1e12,
+        expert_flop_s=c.expert_mfu * hardware.peak_bf16_tflops * 1e12,
         bytes_s=gb_s * 1e9,
         layer_pass_s=EAGER_LAYER_PASS_S,
         adapter_pass_s=EAGER_ADAPTER_PASS_S,
@@ -124,7 +127,7 @@ def calibration_units(work: Work, torch_s: float, python_s: float, gb_s: float, 
     decode_bytes = sum(steps * nbytes for steps, _, nbytes in work.roofline)
     return np.array(
         [
-            (work.flops + decode_flops) * matmul_s,
+            (work.flops + work.expert_flops + decode_flops) * matmul_s,
             (work.bytes + decode_bytes) / (gb_s * 1e9),
             work.layer_passes * python_s,
             work.adapter_passes * python_s,
@@ -144,6 +147,7 @@ def measured_rates(
     matmul_s = torch_s * sharing / CALIBRATION_FLOPS
     return Rates(
         flop_s=1 / (c.flops * matmul_s),
+        expert_flop_s=1 / (c.flops * matmul_s),  # a CPU's matmuls alike, experts or not
         bytes_s=gb_s * 1e9 / c.bytes,
         overlapped=False,
         layer_pass_s=c.layer_passes * python_s,

@@ -17,8 +17,8 @@ stated with its source (``calibration.fitted_rates``), an assumption until a run
   sampling) and one for the reference (beta > 0), ZeRO-3 gathering the weights for each micro-batch.
 - forward_backward: 6 FLOPs a parameter a token (8 with checkpointing's recompute; LoRA's frozen weights
   skip their weight gradients: 4, or 6) over micro-batches padded to their longest completion, attention's
-  own FLOPs, and the ranks' collectives (``collective_work``), over NVLink in a machine and each GPU's share
-  of the network between machines.
+  own FLOPs (a MoE's routed experts' at a rate of their own), and the ranks' collectives
+  (``collective_work``), over NVLink in a machine and each GPU's share of the network between machines.
 - optimizer: AdamW reads parameters, gradients and two states and writes three; 8-bit AdamW's states are a
   byte each, and on a CPU its blockwise (de)quantisation costs a fitted time a parameter on top.
 - reward: the completions times the seconds a completion of the reward that runs (the rewards part's figure).
@@ -77,6 +77,7 @@ class Work:
     """One phase's work, in the units a rate divides."""
 
     flops: float = 0.0  # matmul and attention FLOPs
+    expert_flops: float = 0.0  # a mixture of experts' routed experts' matmuls in training and log-probs
     bytes: float = 0.0  # bytes streamed through memory (decode's weights and KV, the optimizer's states)
     # runs of alike decode steps, each (steps, FLOPs a step, bytes a step): a step takes the longer of its FLOPs
     # and its bytes (it is bound by one or the other, both overlap), not their sum
@@ -114,6 +115,7 @@ class Rates:
     """What a machine achieves: each a rate of its own, so that phases are work over rates."""
 
     flop_s: float
+    expert_flop_s: float  # a MoE's routed experts: small grouped GEMMs, tokens permuted to them and back
     bytes_s: float
     layer_pass_s: float
     adapter_pass_s: float
@@ -138,6 +140,7 @@ class Rates:
     def seconds(self, work: Work) -> float:
         return (
             work.flops / self.flop_s
+            + work.expert_flops / self.expert_flop_s
             + work.bytes / self.bytes_s
             + self.roofline_s(work)
             + work.layer_passes * self.layer_pass_s
@@ -157,6 +160,25 @@ def matmul_params(shape: Shape) -> int:
     """The parameters a token multiplies through: an untied input embedding is only looked up."""
     untied_input = 0 if shape.tie_word_embeddings else shape.vocab_size * shape.hidden_size
     return shape.active_param_count() - untied_input
+
+
+def routed_params(shape: Shape) -> int:
+    """The routed experts' parameters a token multiplies through: ``num_experts_per_tok`` a layer (none if dense)."""
+    return shape.num_hidden_layers * shape.num_experts_per_tok * shape.expert_params() if shape.moe else 0
+
+
+def forward_work(shape: Shape, sequences: float, length: int) -> Work:
+    """One training forward over ``sequences`` of ``length`` tokens: 2 FLOPs a parameter a token through every
+    matmul, a MoE's routed experts apart (``Work.expert_flops``), and attention's own."""
+    routed = routed_params(shape)
+    dense = 2 * (matmul_params(shape) - routed) * sequences * length + attention_flops(shape, sequences, length)
+    return Work(flops=dense, expert_flops=2 * routed * sequences * length)
+
+
+def training_passes(levers: Levers) -> int:
+    """Forwards' worth of a backward: the forward, input gradients, weight gradients (not under PEFT), and a
+    recompute with checkpointing."""
+    return 2 + (0 if levers.peft else 1) + (1 if levers.gradient_checkpointing else 0)
 
 
 def attention_flops(shape: Shape, sequences: int, length: int) -> float:
@@ -307,14 +329,11 @@ def training_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> d
     sequences = work.step_sequences
     micro_batches = sequences / work.completions
     forward = (
-        Work(flops=2 * matmul_params(shape) * sequences * length + attention_flops(shape, sequences, length))
+        forward_work(shape, sequences, length)
         + eager_passes(shape, levers, micro_batches)
         + dequantised(shape, levers, micro_batches)
     )
-    peft = levers.peft
-    # forward, input gradients, weight gradients (not under PEFT), and a recompute with checkpointing
-    passes = 2 + (0 if peft else 1) + (1 if levers.gradient_checkpointing else 0)
-    out = {"forward_backward": forward * passes}
+    out = {"forward_backward": forward * training_passes(levers)}
     logprob_forwards = (1 if levers.use_vllm else 0) + (1 if levers.beta > 0 else 0)
     if logprob_forwards:
         out["logprob"] = forward * logprob_forwards

@@ -56,15 +56,15 @@ def score(entry: published.Entry) -> Score:
     if mapping is None:
         return Score(entry, reason=entry.unmapped)
     hardware = load_hardware()[mapping.card]
+    if entry.kind in ("decode", "training"):
+        seconds = calibration.entry_seconds(entry, fitted_rates(hardware))
+        return Score(entry, calibration.as_stated(entry, seconds), rollout_s=seconds if entry.kind == "decode" else 0)
     ask = ask_of(mapping)
     if entry.kind == "min_gpus":
         found = plan.smallest(ask, hardware, mapping.card)
         if found is None:
             return Score(entry, reason="no count up to 64 fits, predicted")
         return Score(entry, float(found.gpus))
-    if entry.kind == "decode":
-        seconds = calibration.decode_seconds(entry, fitted_rates(hardware))
-        return Score(entry, calibration.as_stated(entry, seconds), rollout_s=seconds)
     placed = ask.on(ask.base, mapping.gpus, hardware)
     if entry.kind == "memory":
         return Score(entry, ask.predict(placed, hardware).peak / published.UNIT_BYTES[entry.stated.unit])
@@ -162,6 +162,7 @@ KIND_TITLES = {
     "time": "Seconds a step",
     "throughput": "Tokens a second per GPU",
     "decode": "An inference engine's batch (decode)",
+    "training": "A training run's tokens a second per GPU",
 }
 
 
@@ -248,13 +249,18 @@ def calibration_lines(found: list[Score]) -> list[str]:
                                                         for e in chosen)]  # fmt: skip
     after = [p.seconds(fitted) / p.stated_s for p in (calibration.parts(e, catalog[e.mapping.card], fitted)
                                                       for e in chosen)]  # fmt: skip
+    shapes = load_shapes()
+    decode = [e.id for e in chosen if e.kind == "decode"]
+    dense = [e.id for e in chosen if e.kind == "training" and not shapes[e.mapping.shape].moe]
+    moe = [e.id for e in chosen if e.kind == "training" and shapes[e.mapping.shape].moe]
     lines += [
         f"- decode at {fitted.decode_mbu:.0%} of spec bandwidth (assumed {ASSUMED.decode_mbu:.0%}) and "
         f"{readable(fitted.engine_step_s * 1e3)} ms a vLLM decode step (assumed "
-        f"{readable(ASSUMED.engine_step_s * 1e3)}), fitted on {len(chosen)} decode figures: "
-        f"{', '.join(fitted.fitted_on)}",
-        f"- training at {fitted.training_mfu:.0%} of peak bf16 FLOP/s: assumed, no GRPO step time on a catalogued "
-        "card is a calibration entry yet",
+        f"{readable(ASSUMED.engine_step_s * 1e3)}), fitted on {len(decode)} decode figures: {', '.join(decode)}",
+        f"- training at {fitted.training_mfu:.0%} of peak bf16 FLOP/s (assumed {ASSUMED.training_mfu:.0%}), fitted on "
+        f"{len(dense)} dense training figures (and the MoE ones' attention and shared layers): {', '.join(dense)}",
+        f"- a mixture of experts' routed experts in training at {fitted.expert_mfu:.0%} of peak bf16 FLOP/s (assumed "
+        f"{ASSUMED.expert_mfu:.0%}), fitted on {len(moe)} MoE training figures: {', '.join(moe)}",
         f"- the calibration figures' seconds, predicted / stated: median {readable(_median(before))}x, worst "
         f"{readable(worst(before))}x at the assumptions; median {readable(_median(after))}x, worst "
         f"{readable(worst(after))}x fitted",
