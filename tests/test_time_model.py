@@ -54,6 +54,22 @@ def test_a_moe_s_routed_experts_train_at_their_own_rate_and_a_dense_model_has_no
     assert slow.seconds(timing.forward_work(dense, 2, 4096)) == fast.seconds(timing.forward_work(dense, 2, 4096))
 
 
+def test_a_packed_micro_batch_trains_its_sequences_own_lengths_not_its_longest_times_their_count():
+    levers = replace(BASE, per_device_train_batch_size=8, max_completion_length=1024)
+    work = {}
+    for packed in (False, True):
+        workload = Workload.from_levers(levers, 256, mean_completion=200, packed=packed)
+        work[packed] = timing.training_work(SHAPE, "bfloat16", levers, workload)["forward_backward"].flops
+    assert work[True] == pytest.approx(3 * timing.forward_work(SHAPE, 8, 256 + 200).flops)
+    longest = schedule.expected_longest(8, 1024, 200)  # TRL pads the 8 to their longest, some 540 tokens
+    assert work[False] == pytest.approx(3 * timing.forward_work(SHAPE, 8, 256 + longest).flops)
+    assert work[False] > 1.5 * work[True]
+    one = replace(levers, per_device_train_batch_size=1)
+    alone = [timing.training_work(SHAPE, "bfloat16", one, Workload.from_levers(one, 256, mean_completion=200, packed=p))
+             for p in (False, True)]  # fmt: skip
+    assert alone[0]["forward_backward"].flops == pytest.approx(alone[1]["forward_backward"].flops)
+
+
 def test_log_prob_forwards_come_with_vllm_and_with_a_reference():
     assert "logprob" not in work_of()
     one = work_of(use_vllm=True)["logprob"].flops

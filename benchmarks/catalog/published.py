@@ -85,6 +85,8 @@ class Mapping:
     completion_tokens: int = 0  # decode: the tokens each sequence generates
     max_num_seqs: int = 0  # decode: the sequences the engine runs at once where it is given more (0: all at once)
     sequence_tokens: int = 0  # training: each trained sequence's length (no prompt: every token is trained)
+    packed: bool = False  # the framework packs each micro-batch's sequences without padding (verl, NeMo RL)
+    counts_prompts: bool = False  # throughput: the stated tokens are prompts' and completions' (verl's perf/throughput)
     dtype: str = "bfloat16"  # the policy's weights as the framework loads them
 
 
@@ -200,6 +202,8 @@ def _check(entry: Entry, where: str) -> None:
             raise ProfileError(f"{where}: mapping: a decode figure needs its sequences and completion_tokens")
         if (entry.kind == "training") != (entry.mapping.sequence_tokens > 0):
             raise ProfileError(f"{where}: mapping: sequence_tokens is a training figure's, and one it needs")
+        if entry.mapping.counts_prompts and entry.kind != "throughput":
+            raise ProfileError(f"{where}: mapping: counts_prompts says what a throughput figure's tokens are")
 
 
 def _check_mapping(mapping: Mapping, where: str) -> None:

@@ -69,6 +69,7 @@ class Recipe:
     completion_tokens: int = GUIDE_LEVERS.max_completion_length
     mean_completion: float = 0.0
     steps: int = 1000
+    packed: bool = False  # the framework packs each micro-batch's sequences (verl, NeMo RL); TRL pads them
 
     def __post_init__(self) -> None:
         for name in ("prompts", "generations", "prompt_tokens", "completion_tokens", "steps"):
@@ -113,7 +114,9 @@ class Recipe:
         return base.changed(num_generations=self.generations, max_completion_length=self.completion_tokens)
 
     def workload(self, levers: Levers) -> Workload:
-        return Workload.from_levers(levers, self.prompt_tokens, mean_completion=self.mean_completion)
+        return Workload.from_levers(
+            levers, self.prompt_tokens, mean_completion=self.mean_completion, packed=self.packed
+        )
 
     def line(self) -> str:
         mean = f" (mean {self.mean_completion:g})" if self.mean_completion else ""

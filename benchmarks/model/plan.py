@@ -14,7 +14,7 @@ from benchmarks.catalog.profiles import Hardware
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model import guide
 from benchmarks.model.calibration import fitted_rates
-from benchmarks.model.estimate import GIB, GPU_COUNTS, Estimate, Workload, estimate, on_gpus
+from benchmarks.model.estimate import GIB, GPU_COUNTS, Estimate, estimate, on_gpus
 from benchmarks.model.timing import Rates, StepTime, Work, kv_held, phase_work, timed
 
 ENGINES = ("colocate", "sleep", "server")
@@ -92,7 +92,7 @@ class Ask:
         workload = self.recipe.workload(levers)
         held = kv_held(self.shape, self.dtype, levers, workload, rates.device_bytes)
         unshared = levers.changed(vllm_gpu_memory_utilization=1.0)
-        work = _phase_work(self.shape, self.dtype, unshared, self.prompt_tokens, self.recipe.mean_completion, held)
+        work = _phase_work(self.shape, self.dtype, unshared, self.recipe, held)
         return timed(work, rates, workload, levers.world_size)
 
     def fed_counts(self) -> tuple[int, ...]:
@@ -122,11 +122,8 @@ def _predicted(ask: Ask, levers: Levers, hardware: Hardware) -> Estimate:
 
 
 @functools.lru_cache(maxsize=4096)
-def _phase_work(
-    shape: Shape, dtype: str, levers: Levers, prompt_tokens: int, mean: float, held: float
-) -> dict[str, Work]:
-    work = Workload.from_levers(levers, prompt_tokens, mean_completion=mean)
-    return phase_work(shape, dtype, levers, work, held=held)
+def _phase_work(shape: Shape, dtype: str, levers: Levers, recipe: guide.Recipe, held: float) -> dict[str, Work]:
+    return phase_work(shape, dtype, levers, recipe.workload(levers), held=held)
 
 
 def _axes(ask: Ask, ranks: int) -> dict[str, tuple]:

@@ -79,6 +79,9 @@ class Workload:
     generated: int = 0  # 0: one micro-batch
     mean_completion: float = 0.0  # the completions' mean length; 0: every one at ``completion_tokens``
     rollouts: float = 1.0
+    # a micro-batch's sequences concatenated without padding (verl's remove_padding, NeMo RL's sequence packing): its
+    # tokens are their own lengths', not its longest's times their count (TRL pads)
+    packed: bool = False
 
     def __post_init__(self) -> None:
         for name in ("completions", "completion_tokens"):
@@ -94,13 +97,20 @@ class Workload:
 
     @classmethod
     def from_levers(
-        cls, levers: Levers, prompt_tokens: int, completion_tokens: int | None = None, mean_completion: float = 0.0
+        cls,
+        levers: Levers,
+        prompt_tokens: int,
+        completion_tokens: int | None = None,
+        mean_completion: float = 0.0,
+        packed: bool = False,
     ) -> Workload:
-        """The workload the levers define, TRL's way."""
+        """The workload the levers define, TRL's way (``packed``: a framework that packs its micro-batches)."""
         length = levers.max_completion_length if completion_tokens is None else completion_tokens
         generated = levers.per_device_train_batch_size * levers.generation_steps
         rollouts = levers.gradient_accumulation_steps / levers.generation_steps
-        return cls(levers.per_device_train_batch_size, prompt_tokens, length, generated, mean_completion, rollouts)
+        return cls(
+            levers.per_device_train_batch_size, prompt_tokens, length, generated, mean_completion, rollouts, packed
+        )
 
     @property
     def mean_completion_tokens(self) -> float:

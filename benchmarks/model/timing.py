@@ -323,8 +323,12 @@ def gathered(levers: Levers, nbytes: float, times: float = 1.0) -> Work:
 
 def training_work(shape: Shape, dtype: str, levers: Levers, work: Workload) -> dict[str, Work]:
     """Log-probs, forward and backward, the optimizer: over every micro-batch of the step. TRL pads each micro-batch
-    to its longest completion: with lengths below the maximum, the longest of ``completions`` of them."""
-    longest = expected_longest(work.completions, work.completion_tokens, work.mean_completion_tokens)
+    to its longest completion: with lengths below the maximum, the longest of ``completions`` of them; a packed
+    micro-batch (``Workload.packed``) runs its sequences' own lengths, their mean each."""
+    if work.packed:
+        longest = work.mean_completion_tokens
+    else:
+        longest = expected_longest(work.completions, work.completion_tokens, work.mean_completion_tokens)
     length = work.prompt_tokens + longest
     sequences = work.step_sequences
     micro_batches = sequences / work.completions

@@ -46,6 +46,7 @@ def ask_of(mapping: published.Mapping) -> plan.Ask:
         prompt_tokens=mapping.prompt_tokens,
         completion_tokens=base.max_completion_length,
         mean_completion=mapping.mean_completion,
+        packed=mapping.packed,
     )
     return plan.Ask(load_shapes()[mapping.shape], base, frozenset(mapping.levers), recipe, mapping.dtype)
 
@@ -72,7 +73,10 @@ def score(entry: published.Entry) -> Score:
     rollout = step.phases.get("rollout", 0.0) + step.phases.get("sleep_wake", 0.0)
     if entry.kind == "time":
         return Score(entry, step.step_s, rollout_s=rollout)
-    return Score(entry, step.tokens_per_s_per_gpu, rollout_s=rollout)
+    tokens = step.completion_tokens
+    if mapping.counts_prompts:
+        tokens += ask.recipe.workload(placed).step_sequences * mapping.prompt_tokens
+    return Score(entry, tokens / step.step_s, rollout_s=rollout)
 
 
 def scores(entries: list[published.Entry] | None = None) -> list[Score]:
