@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import cli
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
-from benchmarks.model import calibration, schedule, timing
+from benchmarks.model import calibration, schedule, timing, vllm_memory
 from benchmarks.model import rates as model_rates
 from benchmarks.model.estimate import Workload
 from benchmarks.report import time_validation
@@ -68,6 +68,20 @@ def test_a_packed_micro_batch_trains_its_sequences_own_lengths_not_its_longest_t
     alone = [timing.training_work(SHAPE, "bfloat16", one, Workload.from_levers(one, 256, mean_completion=200, packed=p))
              for p in (False, True)]  # fmt: skip
     assert alone[0]["forward_backward"].flops == pytest.approx(alone[1]["forward_backward"].flops)
+
+
+def test_a_server_runs_at_most_vllm_s_default_max_num_seqs_at_once_as_the_memory_model_sizes_it():
+    levers = replace(BASE, use_vllm=True, vllm_mode="server", num_processes=8, per_device_train_batch_size=256)
+    work = Workload.from_levers(levers, 256, mean_completion=300)
+    engine = timing.engine_of(levers, work)
+    assert engine.sequences == 8 * 256 and engine.held == vllm_memory.VLLM_DEFAULT_SEQS == 1024
+    assert vllm_memory.engine_overheads(SHAPE, 2, levers).activations >= 1024 * SHAPE.vocab_size * 15  # its sampler
+    unbounded = replace(engine, held=float("inf"))
+    queued, at_once = (schedule.decode_schedule(e, 1024, 300)[0] for e in (engine, unbounded))
+    assert queued.max() == 1024 and at_once.max() == 2048 and len(queued) > len(at_once)
+    fewer = replace(levers, per_device_train_batch_size=64)  # 512 sequences: none wait
+    small = timing.engine_of(fewer, Workload.from_levers(fewer, 256, mean_completion=300))
+    assert small.sequences == 512 and small.held >= small.sequences
 
 
 def test_log_prob_forwards_come_with_vllm_and_with_a_reference():

@@ -66,7 +66,7 @@ class Engine:
     tensor_parallel: int = 1
     generations: int = 1
     shared_prefill: bool = False
-    held: float = math.inf  # sequences its KV cache holds at once (``kv_held``); vLLM queues the rest
+    held: float = math.inf  # sequences it runs at once (its KV cache's, ``kv_held``; max_num_seqs): the rest queue
 
 
 @functools.lru_cache(maxsize=4096)

@@ -50,6 +50,7 @@ from benchmarks.model.terms import (
     trainable_element_bytes,
     trainable_params,
 )
+from benchmarks.model.vllm_memory import VLLM_DEFAULT_SEQS
 
 # bitsandbytes' matmul_4bit multiplies one token's vector by the 4-bit weight directly (gemv_4bit); any larger input,
 # and every backward, goes through MatMul4Bit, which dequantizes the weight to 16 bits first (bitsandbytes
@@ -248,15 +249,16 @@ def prefill_work(shape: Shape, engine: Engine, work: Workload) -> Work:
 def engine_of(levers: Levers, work: Workload, held: float = math.inf) -> Engine:
     """The engine a rank's rollout runs on: transformers' generate on the rank's own sequences; a colocated vLLM
     engine over ``vllm_tensor_parallel_size`` ranks, decoding all their sequences (TRL gathers the group's
-    prompts); a server decoding every rank's, split over its data-parallel engines; a vLLM engine's KV cache
-    holding ``held`` sequences at once."""
+    prompts and sizes its max_num_seqs to them); a server decoding every rank's, split over its data-parallel
+    engines, at most vLLM's default max_num_seqs of them at once (`trl vllm-serve` sets none); a vLLM engine's KV
+    cache holding ``held`` sequences at once."""
     if not levers.use_vllm:
         return Engine(work.rollout_sequences)
     if levers.vllm_mode == "server":
         sequences = work.rollout_sequences * levers.world_size
         engines = levers.vllm_server_data_parallel_size
         tp = levers.vllm_server_tensor_parallel_size
-        return Engine(math.ceil(sequences / engines), tp, levers.num_generations, True, held)
+        return Engine(math.ceil(sequences / engines), tp, levers.num_generations, True, min(held, VLLM_DEFAULT_SEQS))
     tp = levers.vllm_tensor_parallel_size
     return Engine(work.rollout_sequences * tp, tp, levers.num_generations, True, held)
 
