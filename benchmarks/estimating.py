@@ -256,7 +256,7 @@ def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> timing.R
 
 def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: timing.Rates, ask: plan.Ask) -> None:
     """Seconds per phase and per step, throughput, and GPU-hours and cost of the guide's 1,000 steps; where the
-    engine's KV cache holds fewer sequences than it is given, how many it runs at once."""
+    engine runs fewer sequences at once than it is given (its KV cache, a server's max_num_seqs), how many."""
     step = setup.step
     print(f"\ntime per step, per GPU (predicted; {rates.source})")
     print(time_validation.error_line(setup.hardware.gpu_class))
@@ -265,9 +265,13 @@ def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: timing.R
     print(f"  {'step':24} {readable(step.step_s):>9} s; the rollout {step.rollout_share:.0%} of it")
     work = ask.recipe.workload(setup.levers)
     held = timing.kv_held(ask.shape, ask.dtype, setup.levers, work, rates.device_bytes)
-    if held < math.inf:
-        given = timing.engine_of(setup.levers, work).sequences
-        print(f"  the engine's KV cache holds {int(held)} of its {given} sequences at once: the rest wait their turn")
+    engine = timing.engine_of(setup.levers, work, held)
+    if held <= engine.held and held < math.inf:
+        print(f"  the engine's KV cache holds {int(held)} of its {engine.sequences} sequences at once: the rest wait "
+              "their turn")  # fmt: skip
+    elif engine.held < engine.sequences:
+        print(f"  the server runs at most vLLM's default max_num_seqs, {int(engine.held)}, of its {engine.sequences} "
+              "sequences at once: the rest wait their turn")  # fmt: skip
     print(cost_line(setup, ask.recipe, args.price_per_gpu_hour, args.currency))
 
 

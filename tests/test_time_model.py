@@ -84,6 +84,15 @@ def test_a_server_runs_at_most_vllm_s_default_max_num_seqs_at_once_as_the_memory
     assert small.sequences == 512 and small.held >= small.sequences
 
 
+def test_estimate_says_when_a_server_s_max_num_seqs_queues_its_sequences(capsys):
+    server = ["--levers", "use_vllm=true,vllm_mode=server", "--hardware", "h100", "--gpus", "8", "--shape", "0.5b"]
+    cli.main(["estimate", *server, "--global-batch", "2048"])
+    said = "the server runs at most vLLM's default max_num_seqs, 1024, of its 2048 sequences at once"
+    assert said in capsys.readouterr().out
+    cli.main(["estimate", *server, "--global-batch", "512"])
+    assert "max_num_seqs" not in capsys.readouterr().out
+
+
 def test_log_prob_forwards_come_with_vllm_and_with_a_reference():
     assert "logprob" not in work_of()
     one = work_of(use_vllm=True)["logprob"].flops
