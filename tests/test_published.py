@@ -150,7 +150,7 @@ def test_training_figures_come_from_three_projects_and_one_share_of_peak_fits_th
     shapes = load_shapes()
     found = {s.entry.id: s.ratio for s in published_scores.scores() if s.entry in fitted}
     moe = {e.id for e in fitted if shapes[e.mapping.shape].moe}
-    assert len(moe) >= 3 and len(found) - len(moe) >= 6
+    assert len(moe) >= 2 and len(found) - len(moe) >= 6
     # frameworks and recipes differ (Megatron's LoRA over packed samples runs at about half AutoModel's share): one
     # share a kind centres them, none off by 2x
     for group in (moe, found.keys() - moe):
