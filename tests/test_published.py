@@ -72,6 +72,23 @@ def test_a_bad_entry_is_an_error_naming_the_file_the_entry_and_the_key(tmp_path,
         assert ": entry 0 (verl-" in str(error.value)
 
 
+def test_a_throughput_that_counts_prompts_is_predicted_with_the_prompts_and_a_packed_batch_with_its_own_lengths():
+    entry = next(e for e in ENTRIES if e.kind == "throughput" and e.mapping and e.mapping.counts_prompts)
+    assert entry.mapping.packed  # verl's remove_padding
+    ask = published_scores.ask_of(entry.mapping)
+    assert ask.recipe.packed and ask.recipe.workload(ask.base).packed
+    hardware = load_hardware()[entry.mapping.card]
+    placed = ask.on(ask.base, entry.mapping.gpus, hardware)
+    step = ask.step(placed, calibration.fitted_rates(hardware))
+    sequences = ask.recipe.workload(placed).step_sequences
+    completions = sequences * entry.mapping.mean_completion
+    assert step.completion_tokens == pytest.approx(completions)
+    counted = (completions + sequences * entry.mapping.prompt_tokens) / step.step_s
+    assert published_scores.score(entry).predicted == pytest.approx(counted)
+    padded = dataclasses.replace(entry.mapping, packed=False)  # TRL's padding trains each micro-batch's longest
+    assert published_scores.score(dataclasses.replace(entry, mapping=padded)).predicted < counted
+
+
 def test_each_mapped_entry_is_scored_and_each_unmapped_one_says_why():
     for score in published_scores.scores():
         if score.entry.mapping is None:
