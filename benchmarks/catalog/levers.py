@@ -163,8 +163,7 @@ class Levers:
     def recorded(cls, table: dict[str, Any]) -> Levers:
         """The levers a result file recorded; a lever added since takes its default, and a key the suite no
         longer knows is left out."""
-        names = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in table.items() if key in names})
+        return cls(**{key: value for key, value in table.items() if key in LEVER_NAMES})
 
     @property
     def peft(self) -> bool:

@@ -31,14 +31,8 @@ KINDS = {
     "context": ("tokens", "K tokens"),  # the longest context a setup trains at
     "relative": ("%", "x", "GB"),  # a saving or a ratio against another setup (sleep mode's, a loss's)
 }
-SCORED = (
-    "memory",
-    "min_gpus",
-    "time",
-    "throughput",
-    "decode",
-    "training",
-)  # the kinds the models predict: only these are mapped
+# the kinds the models predict: only these are mapped
+SCORED = ("memory", "min_gpus", "time", "throughput", "decode", "training")
 UNIT_BYTES = {"GB": 1e9, "GiB": 2**30}
 
 
