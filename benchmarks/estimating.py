@@ -11,7 +11,8 @@ import tomllib
 
 from benchmarks import REPO
 from benchmarks.catalog import profiles
-from benchmarks.model import calibration, estimate, guide, plan, timing
+from benchmarks.model import calibration, guide, plan, timing
+from benchmarks.model.memory import predict
 from benchmarks.report import time_validation
 from benchmarks.results import schema
 from benchmarks.results.records import readable
@@ -116,8 +117,8 @@ def asked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[pl
     if args.price_per_gpu_hour is not None and args.price_per_gpu_hour < 0:
         parser.error(f"--price-per-gpu-hour must be at least 0, got {args.price_per_gpu_hour}")
     levers, given = recipe_levers(parser, args.levers)
-    if args.dtype not in estimate.DTYPE_BYTES:
-        parser.error(f"--dtype {args.dtype!r}: one of {', '.join(estimate.DTYPE_BYTES)}")
+    if args.dtype not in predict.DTYPE_BYTES:
+        parser.error(f"--dtype {args.dtype!r}: one of {', '.join(predict.DTYPE_BYTES)}")
     gpus = args.gpus or levers.world_size
     if (args.min_gpus or gpus > 1) and not catalog[args.hardware].peak_bf16_tflops:
         parser.error(f"--gpus/--min-gpus: {args.hardware!r} is one machine, with no GPU count to choose")
@@ -139,15 +140,15 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     if args.min_gpus:
         found = plan.smallest(ask, hardware, card)
         if found is None:
-            print(f"{args.shape} does not fit any count up to {estimate.GPU_COUNTS[-1]} x {hardware.name} (predicted)")
-            why = plan.why_not(ask, hardware, card, estimate.GPU_COUNTS[-1])
-            print("\n".join(why_not_lines(why, hardware.name, estimate.GPU_COUNTS[-1])))
+            print(f"{args.shape} does not fit any count up to {predict.GPU_COUNTS[-1]} x {hardware.name} (predicted)")
+            why = plan.why_not(ask, hardware, card, predict.GPU_COUNTS[-1])
+            print("\n".join(why_not_lines(why, hardware.name, predict.GPU_COUNTS[-1])))
             return 1
         levers, server = found.levers, found.server_gpus
     else:
         levers, server = ask.on(ask.base, args.gpus or ask.base.world_size, hardware), 0
     est = ask.predict(levers, hardware)
-    capacity = hardware.memory_gib * estimate.GIB
+    capacity = hardware.memory_gib * predict.GIB
     print(
         f"{args.shape} ({ask.shape.param_count() / 1e9:.4g}B params, {ask.dtype}) on "
         f"{levers.world_size + server} x {hardware.name} ({readable(hardware.memory_gib)} GiB each)"
@@ -160,7 +161,7 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     print("\n" + verdict(est, capacity, hardware.name, args.min_gpus))
     if est.engine_cannot_start and levers.vllm_mode == "colocate":
         work = ask.recipe.workload(levers)
-        share = math.ceil(100 * estimate.engine_need(ask.shape, ask.dtype, levers, work).to_start / capacity) / 100
+        share = math.ceil(100 * predict.engine_need(ask.shape, ask.dtype, levers, work).to_start / capacity) / 100
         print(f"  vllm_gpu_memory_utilization >= {share:.2f} would start it" if share <= 1 else "")
     if fits:
         rates = step_rates(levers, hardware)
@@ -181,9 +182,9 @@ def engine_line(ask: plan.Ask, levers: profiles.Levers) -> str:
     return f"; the engine's share {levers.vllm_gpu_memory_utilization:.2f} of the device, {how}"
 
 
-def verdict(est: estimate.Estimate, capacity: float, name: str, min_gpus: bool) -> str:
+def verdict(est: predict.Estimate, capacity: float, name: str, min_gpus: bool) -> str:
     """One line: fits or not, and why."""
-    peak, of = f"{readable(est.peak / estimate.GIB)} GiB", f"{readable(capacity / estimate.GIB)} GiB"
+    peak, of = f"{readable(est.peak / predict.GIB)} GiB", f"{readable(capacity / predict.GIB)} GiB"
     if est.engine_cannot_start:
         return f"does NOT fit (predicted): {est.engine_cannot_start}"
     if est.peak > capacity:
@@ -191,22 +192,22 @@ def verdict(est: estimate.Estimate, capacity: float, name: str, min_gpus: bool) 
         term, value = max(phase.items(), key=lambda item: item[1])
         return (
             f"does NOT fit (predicted): peak {peak} is over the {of} of one {name} by "
-            f"{readable((est.peak - capacity) / estimate.GIB)} GiB in {est.peak_phase}; its largest term is {term}, "
-            f"{readable(value / estimate.GIB)} GiB"
+            f"{readable((est.peak - capacity) / predict.GIB)} GiB in {est.peak_phase}; its largest term is {term}, "
+            f"{readable(value / predict.GIB)} GiB"
         )
     fewest = "; the fewest GPUs that fit" if min_gpus else ""
     return (
         f"fits (predicted): peak {peak} of {of} per GPU in {est.peak_phase}, "
-        f"{readable((capacity - est.peak) / estimate.GIB)} GiB ({1 - est.peak / capacity:.0%}) to spare{fewest}"
+        f"{readable((capacity - est.peak) / predict.GIB)} GiB ({1 - est.peak / capacity:.0%}) to spare{fewest}"
     )
 
 
-def print_memory(est: estimate.Estimate) -> None:
+def print_memory(est: predict.Estimate) -> None:
     """Every term per phase, largest first."""
     for phase, terms in est.phases.items():
-        print(f"\n{phase}, per GPU: {readable(est.total(phase) / estimate.GIB)} GiB")
+        print(f"\n{phase}, per GPU: {readable(est.total(phase) / predict.GIB)} GiB")
         for term, value in sorted(terms.items(), key=lambda item: -item[1]):
-            print(f"  {term:24} {readable(value / estimate.GIB):>9} GiB  {est.notes.get(term, '')}")
+            print(f"  {term:24} {readable(value / predict.GIB):>9} GiB  {est.notes.get(term, '')}")
     for term, note in est.notes.items():
         if not any(term in terms for terms in est.phases.values()):
             print(f"  ({note})")
@@ -214,7 +215,7 @@ def print_memory(est: estimate.Estimate) -> None:
 
 def why_not_lines(why: plan.WhyNot, name: str, count: int) -> list[str]:
     """The binding term, whether it shrinks with GPUs, and the smallest change that fits, in words."""
-    gib, bound = estimate.GIB, why.bound
+    gib, bound = predict.GIB, why.bound
     most = bound.most_gpus
     if bound.engine:
         lines = [f"why not, on {count} GPU(s): {bound.engine}"]
@@ -324,7 +325,7 @@ def add_options(commands: argparse._SubParsersAction) -> None:
     guess.add_argument(
         "--min-gpus",
         action="store_true",
-        help=f"the smallest GPU count of {estimate.GPU_COUNTS} that fits these levers",
+        help=f"the smallest GPU count of {predict.GPU_COUNTS} that fits these levers",
     )
     guess.add_argument(
         "--price-per-gpu-hour", type=float, help="a GPU-hour's price: the cost is printed beside the hours"

@@ -12,7 +12,8 @@ from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.catalog.targets import PLAN_S
 from benchmarks.estimating import cost_line, model_command, recipe_levers, recipe_of, why_not_lines
-from benchmarks.model import estimate, guide, plan
+from benchmarks.model import guide, plan
+from benchmarks.model.memory import predict
 from benchmarks.report import sizing
 from benchmarks.report.time_validation import error_line
 from benchmarks.results import schema
@@ -69,7 +70,7 @@ def run_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     setups = plan.plan(ask, cards)
     searched_s = time.perf_counter() - started
     print(f"{args.shape} ({ask.shape.param_count() / 1e9:.4g}B params, {ask.dtype}): {job.line()}")
-    unfed = [c for c in estimate.GPU_COUNTS if c not in ask.fed_counts()]
+    unfed = [c for c in predict.GPU_COUNTS if c not in ask.fed_counts()]
     if unfed:
         print(
             f"not offered: {', '.join(map(str, unfed))} trainer GPUs: the global batch of {job.global_batch} does not "
@@ -85,9 +86,9 @@ def run_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     unfit = [card for card in cards if not any(s.card == card for s in setups)]
     for card in unfit:
         hardware = cards[card]
-        why = plan.why_not(dataclasses.replace(ask, base=plan.lightest(ask)), hardware, card, estimate.GPU_COUNTS[-1])
-        print(f"\n{hardware.name}: nothing fits up to {estimate.GPU_COUNTS[-1]} GPUs with the lightest levers free")
-        print("\n".join(why_not_lines(why, hardware.name, estimate.GPU_COUNTS[-1])))
+        why = plan.why_not(dataclasses.replace(ask, base=plan.lightest(ask)), hardware, card, predict.GPU_COUNTS[-1])
+        print(f"\n{hardware.name}: nothing fits up to {predict.GPU_COUNTS[-1]} GPUs with the lightest levers free")
+        print("\n".join(why_not_lines(why, hardware.name, predict.GPU_COUNTS[-1])))
     claim = f"a plan of one shape over {len(cards)} cards and every count in under {PLAN_S:g} s"
     print(Target.at_most(claim, searched_s, PLAN_S).line() + " (seconds, this machine)")
     return 0 if setups else 1
@@ -139,7 +140,7 @@ def _row(setup: plan.Setup, job: guide.Recipe, priced: dict[str, float], currenc
         count,
         setup.card,
         setup.words(),
-        f"{readable(setup.peak / estimate.GIB)} GiB",
+        f"{readable(setup.peak / predict.GIB)} GiB",
         f"{setup.headroom:.0%}",
         f"{readable(setup.step.step_s)} s",
         readable(setup.tokens_per_s / setup.gpus),

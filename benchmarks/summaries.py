@@ -8,7 +8,7 @@ from pathlib import Path
 
 from benchmarks.catalog.contenders import BASELINE, OPTIMIZED
 from benchmarks.catalog.targets import MEMORY_WITHIN
-from benchmarks.model.estimate import GIB
+from benchmarks.model.memory.predict import GIB
 from benchmarks.report import figures, tables, validation
 from benchmarks.results import schema
 from benchmarks.results.records import readable

@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks import REPO
 from benchmarks.catalog.profiles import load_shapes
-from benchmarks.model.bandwidth import decode_step_bytes, experts_read, kv_bytes_per_token, rollout_seconds
+from benchmarks.model.memory.decode_bytes import decode_step_bytes, experts_read, kv_bytes_per_token, rollout_seconds
 from benchmarks.run.bandwidth_probe import ceiling, probe
 
 REPO_RUNS = REPO / "results" / "runs"
@@ -50,7 +50,7 @@ def test_rollout_time_sums_every_step_at_its_own_cache_length():
 
 def test_projections_cover_every_class_with_spark_at_both_ends_of_its_budget():
     from benchmarks.catalog import profiles
-    from benchmarks.model.bandwidth import projections
+    from benchmarks.model.memory.decode_bytes import projections
 
     profile = profiles.load("cpu")
     rows = projections(profile, ceiling_gb_s=20.0)
@@ -96,7 +96,7 @@ def test_the_decode_report_follows_its_result_file(tmp_path):
     import json
 
     from benchmarks.catalog import profiles
-    from benchmarks.model.bandwidth import projections
+    from benchmarks.model.memory.decode_bytes import projections
     from benchmarks.report.figures import write_decode_report
     from benchmarks.results import schema
 

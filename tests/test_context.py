@@ -11,7 +11,7 @@ from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.catalog.profiles import load, load_hardware, load_shapes
 from benchmarks.cli import RESULTS, main
-from benchmarks.model.estimate import GIB, Workload, estimate
+from benchmarks.model.memory.predict import GIB, Workload, estimate
 from benchmarks.results import schema
 from benchmarks.run import context, context_search
 

@@ -7,14 +7,7 @@ import pytest
 
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
 from benchmarks.cli import main
-from benchmarks.model.estimate import (
-    GIB,
-    Workload,
-    estimate,
-    largest_layer_params,
-    on_gpus,
-    rank_model_states,
-)
+from benchmarks.model.memory.predict import GIB, Workload, estimate, largest_layer_params, on_gpus, rank_model_states
 
 SHAPES = ("0.5b", "7b", "14b", "32b", "70b", "72b")
 
@@ -172,7 +165,7 @@ def test_a_zero3_rank_of_a_large_model_holds_a_fraction_of_one_gpu_s_states():
 
 
 def test_a_moe_keeps_every_expert_resident_but_runs_few_per_token():
-    from benchmarks.model.estimate import layer_activation_bytes, lora_params, qlora_weight_bytes
+    from benchmarks.model.memory.predict import layer_activation_bytes, lora_params, qlora_weight_bytes
 
     moe, dense = load_shapes()["qwen3-30b-a3b"], load_shapes()["32b"]
     states = rank_model_states(moe, "bfloat16", Levers())
@@ -187,7 +180,7 @@ def test_a_moe_keeps_every_expert_resident_but_runs_few_per_token():
 
 def test_gradient_accumulation_grows_the_rollout_not_the_micro_batch():
     from benchmarks.catalog.profiles import load_hardware
-    from benchmarks.model.estimate import Workload, estimate
+    from benchmarks.model.memory.predict import Workload, estimate
 
     shape, h100 = load_shapes()["7b"], load_hardware()["h100"]
     one = Levers(num_generations=8, per_device_train_batch_size=8, max_completion_length=512)
@@ -200,7 +193,7 @@ def test_gradient_accumulation_grows_the_rollout_not_the_micro_batch():
 
 def test_unsloth_s_gpu_path_shares_its_engine_s_weights_and_offloads_its_checkpoints():
     from benchmarks.catalog.profiles import load_hardware
-    from benchmarks.model.estimate import Workload, estimate
+    from benchmarks.model.memory.predict import Workload, estimate
 
     shape, h100, cpu = load_shapes()["8b"], load_hardware()["h100"], load_hardware()["cpu"]
     levers = Levers(
@@ -227,7 +220,7 @@ LEVER_SHAPES = ("0.5b", "7b", "32b", "72b", "qwen3-30b-a3b", "gpt-oss-20b")
 @pytest.mark.parametrize("name", LEVER_SHAPES)
 def test_every_lever_moves_memory_the_way_the_physics_says(name):
     from benchmarks.catalog.profiles import load_hardware
-    from benchmarks.model.estimate import Workload, estimate
+    from benchmarks.model.memory.predict import Workload, estimate
 
     shape, h200 = load_shapes()[name], load_hardware()["h200"]
     base = Levers(num_generations=8, per_device_train_batch_size=8, max_completion_length=1024, use_vllm=True)
@@ -257,7 +250,7 @@ def test_every_lever_moves_memory_the_way_the_physics_says(name):
 @pytest.mark.parametrize("distributed_type", ["zero2", "zero3"])
 def test_a_deepspeed_rank_on_a_cpu_carries_its_whole_gradient_as_a_transient_and_on_cuda_does_not(distributed_type):
     from benchmarks.catalog.profiles import load_hardware
-    from benchmarks.model.estimate import CPU_DEEPSPEED_TRANSIENT_GRADIENTS, Workload, estimate
+    from benchmarks.model.memory.predict import CPU_DEEPSPEED_TRANSIENT_GRADIENTS, Workload, estimate
 
     shape = load_shapes()["0.5b"]
     levers = Levers(distributed_type=distributed_type, num_processes=2)
@@ -277,7 +270,7 @@ def test_a_deepspeed_rank_on_a_cpu_carries_its_whole_gradient_as_a_transient_and
 @pytest.mark.parametrize("name", ["0.5b", "1.5b", "7b", "8b", "32b", "70b", "72b"])
 def test_lora_keeps_less_than_full_fine_tuning_in_fp32_and_at_most_a_third_more_in_16_bit(name):
     """Dense shapes (what autograd was counted on); a MoE's frozen experts keep nothing under LoRA."""
-    from benchmarks.model.estimate import layer_activation_bytes
+    from benchmarks.model.memory.predict import layer_activation_bytes
 
     shape = load_shapes()[name]
     assert layer_activation_bytes(shape, 4, lora=True) < layer_activation_bytes(shape, 4, lora=False)

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from benchmarks.catalog.profiles import Levers, load, load_hardware, load_shapes
-from benchmarks.model.estimate import GIB, OUTSIDE_ALLOCATED
+from benchmarks.model.memory.predict import GIB, OUTSIDE_ALLOCATED
 from benchmarks.report import validation
 from benchmarks.results import schema
 from benchmarks.run import context, provenance, worker

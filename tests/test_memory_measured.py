@@ -10,12 +10,7 @@ import pytest
 
 from benchmarks import REPO
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
-from benchmarks.model.estimate import (
-    MATERIALISED_COPIES,
-    Workload,
-    estimate,
-    logits_bytes,
-)
+from benchmarks.model.memory.predict import MATERIALISED_COPIES, Workload, estimate, logits_bytes
 
 
 def _saved_bytes_per_layer_position(shape, dtype, lora, autocast):
@@ -59,7 +54,7 @@ def test_lora_against_full_activations_agrees_with_what_autograd_keeps(name, dty
     """One might expect LoRA never to keep more than full fine-tuning; autograd says otherwise over a
     16-bit base (PEFT's fp32 adapters cast each adapted linear's input), and less in fp32. The model's
     LoRA-minus-full difference follows autograd in sign, within 5% of a full layer."""
-    from benchmarks.model.estimate import layer_activation_bytes
+    from benchmarks.model.memory.predict import layer_activation_bytes
 
     shape, act_bytes = load_shapes()[name], 4 if dtype == "float32" else 2
     measured = _saved_bytes_per_layer_position(shape, dtype, True, autocast) - _saved_bytes_per_layer_position(

@@ -11,7 +11,7 @@ from benchmarks import REPO, summaries
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.cli import main
 from benchmarks.model import guide, plan
-from benchmarks.model.estimate import GIB
+from benchmarks.model.memory.predict import GIB
 from benchmarks.report import sizing
 from benchmarks.results.records import readable
 from benchmarks.run.channel import RankReports

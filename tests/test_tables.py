@@ -10,7 +10,7 @@ from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.catalog.profiles import Levers, load_shapes
 from benchmarks.cli import main
-from benchmarks.model.estimate import GIB
+from benchmarks.model.memory.predict import GIB
 from benchmarks.report import compare, frames, tables
 from benchmarks.results import schema
 
@@ -321,7 +321,7 @@ def test_estimate_never_fits_an_engine_that_cannot_hold_its_weights(capsys):
 
 
 def test_a_qlora_engine_is_sized_in_4_bit_as_trl_starts_it():
-    from benchmarks.model.estimate import Workload, engine_need
+    from benchmarks.model.memory.predict import Workload, engine_need
 
     shape, work = load_shapes()["70b"], Workload(8, 256, 1024)
     bf16 = engine_need(shape, "bfloat16", Levers(use_vllm=True, model="lora"), work)

@@ -8,9 +8,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import cli
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
-from benchmarks.model import calibration, schedule, timing, vllm_memory
+from benchmarks.model import calibration, schedule, timing
 from benchmarks.model import rates as model_rates
-from benchmarks.model.estimate import Workload
+from benchmarks.model.memory import vllm_engine
+from benchmarks.model.memory.predict import Workload
 from benchmarks.report import time_validation
 from benchmarks.results import schema
 from benchmarks.run import pace
@@ -74,8 +75,8 @@ def test_a_server_runs_at_most_vllm_s_default_max_num_seqs_at_once_as_the_memory
     levers = replace(BASE, use_vllm=True, vllm_mode="server", num_processes=8, per_device_train_batch_size=256)
     work = Workload.from_levers(levers, 256, mean_completion=300)
     engine = timing.engine_of(levers, work)
-    assert engine.sequences == 8 * 256 and engine.held == vllm_memory.VLLM_DEFAULT_SEQS == 1024
-    assert vllm_memory.engine_overheads(SHAPE, 2, levers).activations >= 1024 * SHAPE.vocab_size * 15  # its sampler
+    assert engine.sequences == 8 * 256 and engine.held == vllm_engine.VLLM_DEFAULT_SEQS == 1024
+    assert vllm_engine.engine_overheads(SHAPE, 2, levers).activations >= 1024 * SHAPE.vocab_size * 15  # its sampler
     unbounded = replace(engine, held=float("inf"))
     queued, at_once = (schedule.decode_schedule(e, 1024, 300)[0] for e in (engine, unbounded))
     assert queued.max() == 1024 and at_once.max() == 2048 and len(queued) > len(at_once)

@@ -7,7 +7,7 @@ shapes the suite lacks): they hold the model to what it was fitted on; the MoE a
 import pytest
 
 from benchmarks.catalog.profiles import Levers, load_shapes
-from benchmarks.model.vllm_memory import GIB, TRL_BATCHED_TOKENS, engine_overheads, overheads
+from benchmarks.model.memory.vllm_engine import GIB, TRL_BATCHED_TOKENS, engine_overheads, overheads
 
 LOGS = (
     "github:llm-d-incubation/llm-d-planner/accuracy/results/v0.19.0/logs/"

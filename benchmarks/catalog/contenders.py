@@ -18,7 +18,7 @@ BASELINE, OPTIMIZED = "trl-1.14.2", "trl-1.16"  # the unchunked setup, and TRL's
 class Contender:
     stack: str  # how the worker builds the policy: "trl" (GRPOTrainer + PEFT) or "unsloth" (FastLanguageModel)
     role: str
-    logits_path: dict[str, str]  # per platform (cpu, cuda): a path of benchmarks.model.estimate.LOGITS_PATHS
+    logits_path: dict[str, str]  # per platform (cpu, cuda): a path of benchmarks.model.memory.predict.LOGITS_PATHS
     pins: tuple[str, ...]  # what its venv installs beside the worker (nox)
     levers: dict[str, Any] = field(default_factory=dict)  # GRPOConfig fields over the search's levers
     needs_cuda: str | None = None  # why it cannot run without CUDA

@@ -1,5 +1,5 @@
 """A profile against both models before it runs: each GRPO configuration as the run hands it to the trainer
-(``estimate.as_run``), its predicted peak per rank and whether it fits the profile's budget on its class; and on a
+(``predict.as_run``), its predicted peak per rank and whether it fits the profile's budget on its class; and on a
 GPU class a first run's time, part by part, where no earlier run of the profile gives it."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from benchmarks.catalog.profiles import (
     load_shapes,
 )
 from benchmarks.catalog.shapes import Shape
-from benchmarks.model.bandwidth import decode_step_bytes
 from benchmarks.model.calibration import fitted, fitted_rates
-from benchmarks.model.estimate import DTYPE_BYTES, GIB, MODELLED_OPTIMIZERS, Workload, as_run, estimate
+from benchmarks.model.memory.decode_bytes import decode_step_bytes
+from benchmarks.model.memory.predict import DTYPE_BYTES, GIB, MODELLED_OPTIMIZERS, Workload, as_run, estimate
 from benchmarks.model.timing import Rates, step_time
 
 

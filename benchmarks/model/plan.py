@@ -14,7 +14,7 @@ from benchmarks.catalog.profiles import Hardware
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model import guide
 from benchmarks.model.calibration import fitted_rates
-from benchmarks.model.estimate import GIB, GPU_COUNTS, Estimate, estimate, on_gpus
+from benchmarks.model.memory.predict import GIB, GPU_COUNTS, Estimate, estimate, on_gpus
 from benchmarks.model.timing import Rates, StepTime, Work, kv_held, phase_work, timed
 
 ENGINES = ("colocate", "sleep", "server")

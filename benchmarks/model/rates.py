@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks.catalog.profiles import Hardware
-from benchmarks.model.terms import GIB
+from benchmarks.model.memory.terms import GIB
 from benchmarks.model.timing import CALIBRATION_FLOPS, Rates, Work
 
 # GPU classes: peaks times these efficiencies, each an assumption with its source until published calibration

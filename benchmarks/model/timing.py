@@ -1,4 +1,4 @@
-"""Seconds per phase of one GRPO step, per rank: the time model beside the memory model (``estimate``).
+"""Seconds per phase of one GRPO step, per rank: the time model beside the memory model (``memory.predict``).
 
 Each phase is work over a rate. ``phase_work`` counts the work from the shape, the levers and the workload;
 ``Rates`` are the machine's: on the machine at hand from its calibration (``benchmarks.run.pace``) and
@@ -34,23 +34,23 @@ import numpy as np
 
 from benchmarks.catalog.profiles import Levers
 from benchmarks.catalog.shapes import Shape
-from benchmarks.model.bandwidth import decode_step_bytes, kv_bytes_per_token
-from benchmarks.model.estimate import (
+from benchmarks.model.memory.decode_bytes import decode_step_bytes, kv_bytes_per_token
+from benchmarks.model.memory.predict import (
     DTYPE_BYTES,
     LORA_TARGETS,
     Workload,
     layer_activation_bytes,
     qlora_weight_bytes,
 )
-from benchmarks.model.schedule import Engine, decode_schedule, expected_longest, running_age
-from benchmarks.model.terms import (
+from benchmarks.model.memory.terms import (
     NF4_BYTES_PER_PARAM,
     engine_need,
     quantised_params,
     trainable_element_bytes,
     trainable_params,
 )
-from benchmarks.model.vllm_memory import VLLM_DEFAULT_SEQS
+from benchmarks.model.memory.vllm_engine import VLLM_DEFAULT_SEQS
+from benchmarks.model.schedule import Engine, decode_schedule, expected_longest, running_age
 
 # bitsandbytes' matmul_4bit multiplies one token's vector by the 4-bit weight directly (gemv_4bit); any larger input,
 # and every backward, goes through MatMul4Bit, which dequantizes the weight to 16 bits first (bitsandbytes

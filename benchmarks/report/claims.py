@@ -18,8 +18,8 @@ from benchmarks.catalog import published
 from benchmarks.catalog.contenders import BASELINE
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.catalog.targets import CLAIM_HOLDS_WITHIN
-from benchmarks.model.estimate import GIB, estimate
 from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_WORKLOAD
+from benchmarks.model.memory.predict import GIB, estimate
 from benchmarks.report import frames
 from benchmarks.report.sizing import (
     CLASS_NAMES,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.catalog.profiles import load_hardware, load_shapes
-from benchmarks.model.estimate import GIB
+from benchmarks.model.memory.predict import GIB
 from benchmarks.report import frames, sizing, time_tables
 from benchmarks.report.figures import decode_figure
 from benchmarks.report.validation import measured_phases, predict_configuration

@@ -10,7 +10,7 @@ from html import escape
 
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.model import guide, plan
-from benchmarks.model.estimate import GIB
+from benchmarks.model.memory.predict import GIB
 from benchmarks.report import frames, published_scores, sizing, svg, time_tables
 from benchmarks.results.records import readable
 from benchmarks.results.schema import Result

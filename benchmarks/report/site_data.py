@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from benchmarks.model.estimate import GIB
+from benchmarks.model.memory.predict import GIB
 from benchmarks.report import frames
 from benchmarks.report.svg import Point
 from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile

@@ -9,7 +9,7 @@ from html import escape
 import pandas as pd
 
 from benchmarks.catalog.profiles import load_hardware, load_shapes
-from benchmarks.model.estimate import GIB
+from benchmarks.model.memory.predict import GIB
 from benchmarks.report import frames, site_data, svg
 from benchmarks.report.time_validation import TimeCheck
 from benchmarks.report.validation import validate

@@ -7,7 +7,7 @@ Reads every result file under ``results/runs/<hardware>/`` and writes, under ``r
 - ``sizing.md``: the guide's "Memory Anchors by Size Class": per size class, the smallest hardware
   class and lever set that fits, and the lightest lever set per hardware class; a cell is
   *measured* (a GRPO result file on that class ran that size class: the file and its date) or
-  *predicted* (the analytic model, ``benchmarks.model.estimate``);
+  *predicted* (the analytic model, ``benchmarks.model.memory.predict``);
 - ``decode.md``: rollout seconds of one GRPO step per size class and hardware class;
 - ``context.md``: the max-context search per contender, with its verdict;
 - ``rewards.md``: reward throughput against the guide's code;
@@ -27,7 +27,7 @@ import pandas as pd
 
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
 from benchmarks.catalog.targets import MEMORY_WITHIN
-from benchmarks.model.estimate import GIB, Workload, estimate
+from benchmarks.model.memory.predict import GIB, Workload, estimate
 from benchmarks.report import claims, frames, time_tables
 from benchmarks.report.part_tables import context_table, decode_table, distributed_table, rewards_table
 from benchmarks.report.published_scores import published_table

@@ -7,7 +7,7 @@ import pandas as pd
 
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model.calibration import fitted, fitted_rates
-from benchmarks.model.estimate import Workload
+from benchmarks.model.memory.predict import Workload
 from benchmarks.model.timing import Rates, StepTime, step_time
 from benchmarks.report import frames
 from benchmarks.report import time_validation as tv

@@ -11,7 +11,7 @@ import numpy as np
 
 from benchmarks.catalog.profiles import load_shapes
 from benchmarks.catalog.targets import PHASE_SHARE, PHASE_TIME_WITHIN, STEP_TIME_WITHIN
-from benchmarks.model.estimate import Workload
+from benchmarks.model.memory.predict import Workload
 from benchmarks.model.rates import Coefficients, calibration_units, fit, measured_rates
 from benchmarks.model.timing import CALIBRATION_FLOPS, Rates, phase_work, step_time
 from benchmarks.report.published_scores import class_error

@@ -1,4 +1,4 @@
-"""The analytic model (``benchmarks.model.estimate``) against what GRPO result files measured, per
+"""The analytic model (``benchmarks.model.memory.predict``) against what GRPO result files measured, per
 phase: the rows of ``model.md`` and the figures that stack the model's terms beside a measured peak."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from benchmarks.catalog.profiles import Hardware, load_hardware, load_shapes
 from benchmarks.catalog.shapes import Shape
-from benchmarks.model.estimate import GIB, MODELLED_OPTIMIZERS, OUTSIDE_ALLOCATED, Estimate, Workload, estimate
+from benchmarks.model.memory.predict import GIB, MODELLED_OPTIMIZERS, OUTSIDE_ALLOCATED, Estimate, Workload, estimate
 from benchmarks.results.schema import TORCH_ALLOCATED, Configuration, GrpoFile, Result
 
 TRAINING_PHASES = ("logprob", "forward_backward", "optimizer")
@@ -49,7 +49,7 @@ def measured_phases(configuration: Configuration) -> dict[str, int]:
 
 def on_allocator(configuration: Configuration) -> bool:
     """Whether its phases were measured as the tensors torch's allocator held (CUDA): the model's terms
-    outside them (``estimate.OUTSIDE_ALLOCATED``) are then left out of the comparison."""
+    outside them (``predict.OUTSIDE_ALLOCATED``) are then left out of the comparison."""
     return bool(configuration.summary and configuration.summary.phase_peak_measure == TORCH_ALLOCATED)
 
 

@@ -1,6 +1,6 @@
 """The device's own memory bandwidth ceiling: copy, read and triad with torch, every byte read
 and every byte written counted once; median and spread over repeats (on CPU with all its
-threads). ``benchmarks.model.bandwidth`` says what a decode step must move against it.
+threads). ``benchmarks.model.memory.decode_bytes`` says what a decode step must move against it.
 
 torch is imported inside ``probe``, which runs in a process of its own on CUDA.
 """

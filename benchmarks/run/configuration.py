@@ -21,7 +21,7 @@ from typing import Any
 
 from benchmarks import REPO
 from benchmarks.catalog.profiles import Levers
-from benchmarks.model.estimate import GIB
+from benchmarks.model.memory.predict import GIB
 from benchmarks.results import schema
 from benchmarks.run import launch, nvml_gpus
 from benchmarks.run.channel import Channel, RankReports, free_port, listen

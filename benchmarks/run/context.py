@@ -10,7 +10,7 @@ worker process (``benchmarks.run.worker``, run by the contender's interpreter) a
 The budget is the peak RSS of the worker tree on CPU (the parent's sampler stops a tree above
 it) and ``torch.cuda.set_per_process_memory_fraction`` on CUDA.
 
-Beside each measured maximum stands the analytic model's (``benchmarks.model.estimate``) for the
+Beside each measured maximum stands the analytic model's (``benchmarks.model.memory.predict``) for the
 same shape and budget, with the logits term against the rest, so that a reader sees why the
 ratio is what it is.
 """
@@ -27,7 +27,7 @@ from typing import Any
 from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.catalog.profiles import ContextBench, Hardware, Levers, Profile, load_hardware, load_shapes
 from benchmarks.catalog.shapes import Shape
-from benchmarks.model.estimate import GIB, Workload, estimate
+from benchmarks.model.memory.predict import GIB, Workload, estimate
 from benchmarks.results import schema
 from benchmarks.run import provenance
 from benchmarks.run.configuration import run_configuration

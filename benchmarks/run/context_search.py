@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from benchmarks.catalog.profiles import ContextBench
-from benchmarks.model.estimate import GIB
+from benchmarks.model.memory.predict import GIB
 
 
 class ProbeFailed(RuntimeError):

@@ -29,8 +29,8 @@ from typing import Any
 
 from benchmarks.catalog.profiles import Hardware, load_hardware, load_shapes
 from benchmarks.catalog.shapes import Shape
-from benchmarks.model.bandwidth import decode_step_bytes, projections, projections_at_fraction
-from benchmarks.model.estimate import DTYPE_BYTES
+from benchmarks.model.memory.decode_bytes import decode_step_bytes, projections, projections_at_fraction
+from benchmarks.model.memory.predict import DTYPE_BYTES
 from benchmarks.results import schema
 from benchmarks.run import nvml_gpus, provenance
 from benchmarks.run.bandwidth_probe import ceiling as ceiling_of

@@ -36,8 +36,8 @@ from benchmarks.catalog.targets import (
     ZERO3_STATES_WITHIN,
     part_limit_s,
 )
-from benchmarks.model.estimate import GIB, as_run, rank_model_states
 from benchmarks.model.fit import predicted_fits
+from benchmarks.model.memory.predict import GIB, as_run, rank_model_states
 from benchmarks.results import schema
 from benchmarks.run import cluster, provenance
 from benchmarks.run.ceilings import INVALID, step_fault
@@ -193,7 +193,7 @@ def distributed_targets(
     records: list[schema.Configuration], wall_s: float, quick: bool, shape: Shape, dtype: str
 ) -> list[schema.Target]:
     """The many-ranks part's targets, as measured in this run: ZeRO-3's per-rank model states against
-    the analytic model's (``estimate.rank_model_states``), the harness's overhead, the part's time."""
+    the analytic model's (``predict.rank_model_states``), the harness's overhead, the part's time."""
     errors = []
     for record in records:
         levers = record.lever_values

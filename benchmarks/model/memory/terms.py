@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from benchmarks.catalog.profiles import Levers
 from benchmarks.catalog.shapes import Shape
-from benchmarks.model.bandwidth import kv_bytes_per_token
-from benchmarks.model.vllm_memory import engine_overheads
+from benchmarks.model.memory.decode_bytes import kv_bytes_per_token
+from benchmarks.model.memory.vllm_engine import engine_overheads
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

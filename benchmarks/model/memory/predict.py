@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 
 from benchmarks.catalog.profiles import GrpoBench, Hardware, Levers
 from benchmarks.catalog.shapes import Shape
-from benchmarks.model.bandwidth import kv_bytes_per_token
-from benchmarks.model.terms import (
+from benchmarks.model.memory.decode_bytes import kv_bytes_per_token
+from benchmarks.model.memory.terms import (
     CHECKPOINTED_RECOMPUTE_LAYERS,
     CPU_DEEPSPEED_TRANSIENT_GRADIENTS,
     DTYPE_BYTES,
@@ -44,7 +44,7 @@ from benchmarks.model.terms import (
     trainable_params,
 )
 
-# The model's one entry: its terms' parts (``terms``) are read as ``estimate.<name>`` too.
+# The model's one entry: its terms' parts (``terms``) are read as ``predict.<name>`` too.
 __all__ = [
     "CHECKPOINTED_RECOMPUTE_LAYERS",
     "CPU_DEEPSPEED_TRANSIENT_GRADIENTS",
