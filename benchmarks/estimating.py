@@ -11,8 +11,9 @@ import tomllib
 
 from benchmarks import REPO
 from benchmarks.catalog import profiles
-from benchmarks.model import calibration, guide, plan, timing
+from benchmarks.model import guide, plan
 from benchmarks.model.memory import predict
+from benchmarks.model.time import calibration, phase_seconds
 from benchmarks.report import time_validation
 from benchmarks.results import schema
 from benchmarks.results.records import readable
@@ -242,7 +243,7 @@ def why_not_lines(why: plan.WhyNot, name: str, count: int) -> list[str]:
     return lines
 
 
-def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> timing.Rates:
+def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> phase_seconds.Rates:
     """This machine's rates (its calibration, the committed fit) for the cpu class, else the class's at the constants
     fitted on published figures; the reward's seconds a completion from the newest rewards part."""
     results = schema.load_results(RESULTS)
@@ -255,7 +256,7 @@ def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> timing.R
     return time_validation.machine_rates(coefficients, measured, levers.num_processes, reward_s)
 
 
-def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: timing.Rates, ask: plan.Ask) -> None:
+def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: phase_seconds.Rates, ask: plan.Ask) -> None:
     """Seconds per phase and per step, throughput, and GPU-hours and cost of the guide's 1,000 steps; where the
     engine runs fewer sequences at once than it is given (its KV cache, a server's max_num_seqs), how many."""
     step = setup.step
@@ -265,8 +266,8 @@ def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: timing.R
         print(f"  {phase:24} {readable(seconds):>9} s")
     print(f"  {'step':24} {readable(step.step_s):>9} s; the rollout {step.rollout_share:.0%} of it")
     work = ask.recipe.workload(setup.levers)
-    held = timing.kv_held(ask.shape, ask.dtype, setup.levers, work, rates.device_bytes)
-    engine = timing.engine_of(setup.levers, work, held)
+    held = phase_seconds.kv_held(ask.shape, ask.dtype, setup.levers, work, rates.device_bytes)
+    engine = phase_seconds.engine_of(setup.levers, work, held)
     if held <= engine.held and held < math.inf:
         print(f"  the engine's KV cache holds {int(held)} of its {engine.sequences} sequences at once: the rest wait "
               "their turn")  # fmt: skip

@@ -10,7 +10,7 @@ from benchmarks import REPO
 from benchmarks.catalog import published
 from benchmarks.catalog.levers import ProfileError
 from benchmarks.catalog.profiles import load_hardware, load_shapes
-from benchmarks.model import calibration, rates
+from benchmarks.model.time import calibration, rates
 from benchmarks.report import published_scores, tables
 from benchmarks.report.time_validation import error_line
 

@@ -8,10 +8,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import cli
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
-from benchmarks.model import calibration, schedule, timing
-from benchmarks.model import rates as model_rates
 from benchmarks.model.memory import vllm_engine
 from benchmarks.model.memory.predict import Workload
+from benchmarks.model.time import calibration, phase_seconds, schedule
+from benchmarks.model.time import rates as model_rates
 from benchmarks.report import time_validation
 from benchmarks.results import schema
 from benchmarks.run import pace
@@ -23,13 +23,13 @@ BASE = Levers(num_generations=8, per_device_train_batch_size=8, max_completion_l
 
 def work_of(**levers):
     chosen = replace(BASE, **levers)
-    return timing.phase_work(SHAPE, "bfloat16", chosen, Workload.from_levers(chosen, 256))
+    return phase_seconds.phase_work(SHAPE, "bfloat16", chosen, Workload.from_levers(chosen, 256))
 
 
 def test_the_calibration_flops_are_what_its_work_does():
     with FlopCounterMode(display=False) as counter:
         pace._torch_work()
-    assert counter.get_total_flops() == timing.CALIBRATION_FLOPS
+    assert counter.get_total_flops() == phase_seconds.CALIBRATION_FLOPS
 
 
 def test_checkpointing_adds_one_forward_and_lora_skips_the_weight_gradients():
@@ -43,16 +43,18 @@ def test_checkpointing_adds_one_forward_and_lora_skips_the_weight_gradients():
 
 def test_a_moe_s_routed_experts_train_at_their_own_rate_and_a_dense_model_has_none():
     moe, dense = load_shapes()["qwen3-30b-a3b"], load_shapes()["8b"]
-    forward = timing.forward_work(moe, 2, 4096)
+    forward = phase_seconds.forward_work(moe, 2, 4096)
     routed = moe.num_hidden_layers * moe.num_experts_per_tok * moe.expert_params()
     assert forward.expert_flops == 2 * routed * 2 * 4096  # 8 of 128 experts a token, not all of them
-    matmuls = forward.flops + forward.expert_flops - timing.attention_flops(moe, 2, 4096)
-    assert matmuls == pytest.approx(2 * timing.matmul_params(moe) * 2 * 4096)
-    assert timing.forward_work(dense, 2, 4096).expert_flops == 0
+    matmuls = forward.flops + forward.expert_flops - phase_seconds.attention_flops(moe, 2, 4096)
+    assert matmuls == pytest.approx(2 * phase_seconds.matmul_params(moe) * 2 * 4096)
+    assert phase_seconds.forward_work(dense, 2, 4096).expert_flops == 0
     h100 = load_hardware()["h100"]
     fast, slow = (model_rates.gpu_rates(h100, model_rates.GpuConstants(expert_mfu=share)) for share in (0.4, 0.2))
     assert slow.seconds(forward) > fast.seconds(forward)
-    assert slow.seconds(timing.forward_work(dense, 2, 4096)) == fast.seconds(timing.forward_work(dense, 2, 4096))
+    assert slow.seconds(phase_seconds.forward_work(dense, 2, 4096)) == fast.seconds(
+        phase_seconds.forward_work(dense, 2, 4096)
+    )
 
 
 def test_a_packed_micro_batch_trains_its_sequences_own_lengths_not_its_longest_times_their_count():
@@ -60,28 +62,28 @@ def test_a_packed_micro_batch_trains_its_sequences_own_lengths_not_its_longest_t
     work = {}
     for packed in (False, True):
         workload = Workload.from_levers(levers, 256, mean_completion=200, packed=packed)
-        work[packed] = timing.training_work(SHAPE, "bfloat16", levers, workload)["forward_backward"].flops
-    assert work[True] == pytest.approx(3 * timing.forward_work(SHAPE, 8, 256 + 200).flops)
+        work[packed] = phase_seconds.training_work(SHAPE, "bfloat16", levers, workload)["forward_backward"].flops
+    assert work[True] == pytest.approx(3 * phase_seconds.forward_work(SHAPE, 8, 256 + 200).flops)
     longest = schedule.expected_longest(8, 1024, 200)  # TRL pads the 8 to their longest, some 540 tokens
-    assert work[False] == pytest.approx(3 * timing.forward_work(SHAPE, 8, 256 + longest).flops)
+    assert work[False] == pytest.approx(3 * phase_seconds.forward_work(SHAPE, 8, 256 + longest).flops)
     assert work[False] > 1.5 * work[True]
     one = replace(levers, per_device_train_batch_size=1)
-    alone = [timing.training_work(SHAPE, "bfloat16", one, Workload.from_levers(one, 256, mean_completion=200, packed=p))
-             for p in (False, True)]  # fmt: skip
+    loads = [Workload.from_levers(one, 256, mean_completion=200, packed=p) for p in (False, True)]
+    alone = [phase_seconds.training_work(SHAPE, "bfloat16", one, load) for load in loads]
     assert alone[0]["forward_backward"].flops == pytest.approx(alone[1]["forward_backward"].flops)
 
 
 def test_a_server_runs_at_most_vllm_s_default_max_num_seqs_at_once_as_the_memory_model_sizes_it():
     levers = replace(BASE, use_vllm=True, vllm_mode="server", num_processes=8, per_device_train_batch_size=256)
     work = Workload.from_levers(levers, 256, mean_completion=300)
-    engine = timing.engine_of(levers, work)
+    engine = phase_seconds.engine_of(levers, work)
     assert engine.sequences == 8 * 256 and engine.held == vllm_engine.VLLM_DEFAULT_SEQS == 1024
     assert vllm_engine.engine_overheads(SHAPE, 2, levers).activations >= 1024 * SHAPE.vocab_size * 15  # its sampler
     unbounded = replace(engine, held=float("inf"))
     queued, at_once = (schedule.decode_schedule(e, 1024, 300)[0] for e in (engine, unbounded))
     assert queued.max() == 1024 and at_once.max() == 2048 and len(queued) > len(at_once)
     fewer = replace(levers, per_device_train_batch_size=64)  # 512 sequences: none wait
-    small = timing.engine_of(fewer, Workload.from_levers(fewer, 256, mean_completion=300))
+    small = phase_seconds.engine_of(fewer, Workload.from_levers(fewer, 256, mean_completion=300))
     assert small.sequences == 512 and small.held >= small.sequences
 
 
@@ -113,7 +115,7 @@ def test_each_rollout_engine_pays_its_own_transfers():
     assert work_of(use_vllm=True, vllm_enable_sleep_mode=True)["sleep_wake"].host_bytes == pytest.approx(2 * weights)
 
 
-def decoded_bytes(work: timing.Work) -> float:
+def decoded_bytes(work: phase_seconds.Work) -> float:
     return sum(steps * nbytes for steps, _, nbytes in work.roofline)
 
 
@@ -128,19 +130,24 @@ def test_a_longer_completion_costs_more_decode_and_a_bigger_generation_batch_mor
 def test_zero3_gathers_every_weight_for_each_micro_batch_again_for_backward_beyond_reuse_and_steps_inside_backward():
     def moved(shape, **levers):
         chosen = replace(BASE, num_processes=2, model="lora", **levers)
-        return timing.phase_work(shape, "bfloat16", chosen, Workload.from_levers(chosen, 256))
+        return phase_seconds.phase_work(shape, "bfloat16", chosen, Workload.from_levers(chosen, 256))
 
     for shape in (SHAPE, load_shapes()["7b"]):
         half = shape.param_count() * 2 / 2  # each of 2 ranks gathers the other's half
         zero2, zero3 = moved(shape, distributed_type="zero2"), moved(shape, distributed_type="zero3")
         assert "optimizer" not in zero2 and 0 < zero2["forward_backward"].link_bytes < 0.05 * half  # adapters only
-        again = timing.regathered_for_backward(shape)  # DeepSpeed keeps what it reuses within 1e9 parameters
+        again = phase_seconds.regathered_for_backward(shape)  # DeepSpeed keeps what it reuses within 1e9 parameters
         frozen = zero3["forward_backward"].link_bytes - zero2["forward_backward"].link_bytes
         assert frozen == pytest.approx((1 + again) * half, rel=0.05)  # the frozen base too
         four = moved(shape, distributed_type="zero3", gradient_accumulation_steps=4, per_device_train_batch_size=2)
         assert four["forward_backward"].link_bytes == pytest.approx(4 * zero3["forward_backward"].link_bytes)
         assert zero3["rollout"].link_bytes > 0 == zero2["rollout"].link_bytes  # gathered to generate
-    assert timing.regathered_for_backward(SHAPE) == 0 < 0.9 < timing.regathered_for_backward(load_shapes()["7b"])
+    assert (
+        phase_seconds.regathered_for_backward(SHAPE)
+        == 0
+        < 0.9
+        < phase_seconds.regathered_for_backward(load_shapes()["7b"])
+    )
 
 
 def test_the_fit_recovers_the_coefficients_that_made_the_rows():
@@ -159,7 +166,9 @@ def test_the_fit_recovers_the_coefficients_that_made_the_rows():
     for levers in ({}, {"model": "lora"}, {"gradient_checkpointing": True}, {"optim": "adamw_8bit"}, {"beta": 0.04}):
         chosen = replace(BASE, max_completion_length=64, **levers)
         for fixed in (False, True):
-            phases = timing.phase_work(SHAPE, "bfloat16", chosen, Workload.from_levers(chosen, 256), malloc_fixed=fixed)
+            phases = phase_seconds.phase_work(
+                SHAPE, "bfloat16", chosen, Workload.from_levers(chosen, 256), malloc_fixed=fixed
+            )
             for phase, work in phases.items():
                 if phase != "reward":
                     rows.append((model_rates.calibration_units(work, 0.5, 0.1, 20.0), rates.seconds(work)))
@@ -176,7 +185,7 @@ def test_the_fit_keeps_every_coefficient_non_negative():
 
 
 def test_a_step_s_hours_and_throughput_follow_from_its_seconds():
-    step = timing.StepTime({"rollout": 30.0, "forward_backward": 10.0}, completion_tokens=8192, gpus=4)
+    step = phase_seconds.StepTime({"rollout": 30.0, "forward_backward": 10.0}, completion_tokens=8192, gpus=4)
     assert step.step_s == 40 and step.rollout_share == 0.75
     assert step.tokens_per_s_per_gpu == pytest.approx(8192 / 40)
     assert step.gpu_hours(1000) == pytest.approx(40 * 1000 * 4 / 3600)
@@ -194,7 +203,7 @@ def test_spark_at_its_budget_is_slower_than_an_h200_and_faster_at_192_than_180()
     hardware = load_hardware()
     lora = replace(BASE, model="lora", gradient_checkpointing=True, use_vllm=True)
     hours = {
-        name: timing.step_time(SHAPE, "bfloat16", lora, WORK, rates).gpu_hours()
+        name: phase_seconds.step_time(SHAPE, "bfloat16", lora, WORK, rates).gpu_hours()
         for name, rates in {
             "180": calibration.fitted_rates(hardware["spark"], decode_gb_s=180.0),
             "192": calibration.fitted_rates(hardware["spark"], decode_gb_s=192.0),
@@ -271,7 +280,7 @@ def colocated(sequences: int, tp: int = 1, **levers) -> Levers:
 def rollout_s(levers: Levers, work: Workload | None = None, shape=SEVEN_B) -> float:
     work = work or Workload.from_levers(levers, 256)
     rates = calibration.fitted_rates(H100)
-    return rates.seconds(timing.phase_work(shape, "bfloat16", levers, work)["rollout"])
+    return rates.seconds(phase_seconds.phase_work(shape, "bfloat16", levers, work)["rollout"])
 
 
 def test_decode_throughput_rises_with_the_engine_s_sequences_until_compute_binds_then_flattens():
@@ -279,8 +288,8 @@ def test_decode_throughput_rises_with_the_engine_s_sequences_until_compute_binds
     per_s = {}
     for batch in (1, 8, 64, 512, 2048, 4096):
         levers = colocated(batch)
-        engine = timing.engine_of(levers, Workload.from_levers(levers, 256))
-        decode = timing.decode_work(SEVEN_B, 2, engine, Workload.from_levers(levers, 1))
+        engine = phase_seconds.engine_of(levers, Workload.from_levers(levers, 256))
+        decode = phase_seconds.decode_work(SEVEN_B, 2, engine, Workload.from_levers(levers, 1))
         per_s[batch] = batch * 1024 / rates.seconds(decode)
     assert per_s[1] < per_s[8] < per_s[64] < per_s[512]
     assert per_s[8] > 6 * per_s[1]  # bound by the weights: eight sequences for nearly the price of one
@@ -291,8 +300,8 @@ def test_a_tensor_parallel_2_engine_reads_half_the_weights_per_gpu_per_step():
     def weight_bytes_a_step(tp: int) -> float:
         levers = colocated(1, tp)
         work = Workload.from_levers(levers, 0, completion_tokens=1)
-        engine = timing.engine_of(levers, work)
-        (steps, _, nbytes), *_ = timing.decode_work(SEVEN_B, 2, engine, work).roofline
+        engine = phase_seconds.engine_of(levers, work)
+        (steps, _, nbytes), *_ = phase_seconds.decode_work(SEVEN_B, 2, engine, work).roofline
         return nbytes
 
     assert weight_bytes_a_step(2) == pytest.approx(weight_bytes_a_step(1) / 2, rel=0.01)
@@ -323,30 +332,30 @@ def test_a_running_sequence_is_half_the_longest_old_where_all_reach_it_and_its_s
 def test_sequences_beyond_what_the_engine_s_kv_cache_holds_wait_their_turn():
     levers = colocated(256, vllm_gpu_memory_utilization=0.25)
     work = Workload.from_levers(levers, 256)
-    held = timing.kv_held(SEVEN_B, "bfloat16", levers, work, H100.memory_gib * 2**30)
+    held = phase_seconds.kv_held(SEVEN_B, "bfloat16", levers, work, H100.memory_gib * 2**30)
     # 0.25 x 80 GiB less 14.2 GiB of weights and vLLM's own, over 56 KiB a token at 256 + 512 tokens each
     assert 90 < held < 140
-    engine = timing.engine_of(levers, work, held)
+    engine = phase_seconds.engine_of(levers, work, held)
     live, ages = schedule.decode_schedule(engine, 1024, 1024)
     assert live.max() == int(held) and live.sum() == pytest.approx(256 * 1024, rel=0.01)
     assert len(live) == pytest.approx(256 * 1024 / int(held), abs=2) and ages.max() == 1023
     whole = rollout_s(levers, work)
     # a card with memory enough that its 0.25 share holds every sequence: no bound; a little more memory: more held
-    assert timing.kv_held(SEVEN_B, "bfloat16", levers, work, 2.5 * H100.memory_gib * 2**30) == float("inf")
-    assert held < timing.kv_held(SEVEN_B, "bfloat16", levers, work, 1.2 * H100.memory_gib * 2**30) < 256
-    phases = timing.phase_work(SEVEN_B, "bfloat16", levers, work, held=held)
+    assert phase_seconds.kv_held(SEVEN_B, "bfloat16", levers, work, 2.5 * H100.memory_gib * 2**30) == float("inf")
+    assert held < phase_seconds.kv_held(SEVEN_B, "bfloat16", levers, work, 1.2 * H100.memory_gib * 2**30) < 256
+    phases = phase_seconds.phase_work(SEVEN_B, "bfloat16", levers, work, held=held)
     assert calibration.fitted_rates(H100).seconds(phases["rollout"]) > 1.5 * whole
-    assert timing.kv_held(SEVEN_B, "bfloat16", replace(levers, use_vllm=False), work, 80 * 2**30) == float("inf")
+    assert phase_seconds.kv_held(SEVEN_B, "bfloat16", replace(levers, use_vllm=False), work, 80 * 2**30) == float("inf")
     # a share that cannot start the engine: the memory model refuses it; timed as if the share held the rollout
     cannot = replace(levers, vllm_gpu_memory_utilization=0.1)
-    assert timing.kv_held(SEVEN_B, "bfloat16", cannot, work, H100.memory_gib * 2**30) == float("inf")
+    assert phase_seconds.kv_held(SEVEN_B, "bfloat16", cannot, work, H100.memory_gib * 2**30) == float("inf")
 
 
 def test_zero3_over_two_machines_is_slower_than_over_one_at_the_same_count():
     def phases(processes: int, machines: int) -> dict[str, float]:
         levers = replace(BASE, num_processes=processes, num_machines=machines, distributed_type="zero3")
         work = Workload.from_levers(levers, 256)
-        return timing.step_time(SEVEN_B, "bfloat16", levers, work, calibration.fitted_rates(H100)).phases
+        return phase_seconds.step_time(SEVEN_B, "bfloat16", levers, work, calibration.fitted_rates(H100)).phases
 
     one_node, two = phases(8, 1), phases(4, 2)
     assert sum(two.values()) > sum(one_node.values())

@@ -94,7 +94,7 @@ class Hardware:
     bandwidth_source: str | None = None
     sustained_bandwidth_gb_s: tuple[float, ...] | None = None  # (low, high) where a budget is known
     sustained_source: str | None = None
-    # The time model's peaks (benchmarks.model.calibration.fitted_rates), each with its source
+    # The time model's peaks (benchmarks.model.time.calibration.fitted_rates), each with its source
     peak_bf16_tflops: float | None = None  # dense, FP32 accumulate
     flops_source: str | None = None
     host_link_gb_s: float | None = None  # device <-> host, one direction

@@ -20,10 +20,10 @@ from benchmarks.catalog.profiles import (
     load_shapes,
 )
 from benchmarks.catalog.shapes import Shape
-from benchmarks.model.calibration import fitted, fitted_rates
 from benchmarks.model.memory.decode_bytes import decode_step_bytes
 from benchmarks.model.memory.predict import DTYPE_BYTES, GIB, MODELLED_OPTIMIZERS, Workload, as_run, estimate
-from benchmarks.model.timing import Rates, step_time
+from benchmarks.model.time.calibration import fitted, fitted_rates
+from benchmarks.model.time.phase_seconds import Rates, step_time
 
 
 @dataclass(frozen=True)

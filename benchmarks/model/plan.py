@@ -13,9 +13,9 @@ from benchmarks.catalog.levers import MODELS, Levers, combination_problem
 from benchmarks.catalog.profiles import Hardware
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model import guide
-from benchmarks.model.calibration import fitted_rates
 from benchmarks.model.memory.predict import GIB, GPU_COUNTS, Estimate, estimate, on_gpus
-from benchmarks.model.timing import Rates, StepTime, Work, kv_held, phase_work, timed
+from benchmarks.model.time.calibration import fitted_rates
+from benchmarks.model.time.phase_seconds import Rates, StepTime, Work, kv_held, phase_work, timed
 
 ENGINES = ("colocate", "sleep", "server")
 ENGINE_LEVERS = ("use_vllm", "vllm_mode", "vllm_enable_sleep_mode")

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from benchmarks.catalog import published
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.catalog.targets import PUBLISHED_WITHIN
-from benchmarks.model import calibration, guide, plan
-from benchmarks.model.calibration import fitted_rates
-from benchmarks.model.rates import ASSUMED
+from benchmarks.model import guide, plan
+from benchmarks.model.time import calibration
+from benchmarks.model.time.calibration import fitted_rates
+from benchmarks.model.time.rates import ASSUMED
 from benchmarks.results.records import Target, readable
 
 

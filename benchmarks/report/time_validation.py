@@ -1,6 +1,6 @@
-"""The time model (``benchmarks.model.timing``) against the seconds GRPO result files measured, per phase and
-for the whole step: its coefficients fitted on the runs named in ``FITTED_TIME_FILES``, every other run held
-out; each run's machine described by its own calibration (``pace``)."""
+"""The time model (``benchmarks.model.time.phase_seconds``) against the seconds GRPO result files measured, per
+phase and for the whole step: its coefficients fitted on the runs named in ``FITTED_TIME_FILES``, every other run
+held out; each run's machine described by its own calibration (``pace``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 from benchmarks.catalog.profiles import load_shapes
 from benchmarks.catalog.targets import PHASE_SHARE, PHASE_TIME_WITHIN, STEP_TIME_WITHIN
 from benchmarks.model.memory.predict import Workload
-from benchmarks.model.rates import Coefficients, calibration_units, fit, measured_rates
-from benchmarks.model.timing import CALIBRATION_FLOPS, Rates, phase_work, step_time
+from benchmarks.model.time.phase_seconds import CALIBRATION_FLOPS, Rates, phase_work, step_time
+from benchmarks.model.time.rates import Coefficients, calibration_units, fit, measured_rates
 from benchmarks.report.published_scores import class_error
 from benchmarks.results.schema import Calibration, Configuration, Result
 

@@ -1,5 +1,5 @@
 """The time model's rates (``timing.Rates``): a GPU class's from its catalogued peaks at constants fitted on
-published figures (``GpuConstants``, ``benchmarks.model.calibration``), the machine at hand's from its calibration
+published figures (``GpuConstants``, ``benchmarks.model.time.calibration``), the machine at hand's from its calibration
 times coefficients fitted on its own runs (``Coefficients``)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 
 from benchmarks.catalog.profiles import Hardware
 from benchmarks.model.memory.terms import GIB
-from benchmarks.model.timing import CALIBRATION_FLOPS, Rates, Work
+from benchmarks.model.time.phase_seconds import CALIBRATION_FLOPS, Rates, Work
 
 # GPU classes: peaks times these efficiencies, each an assumption with its source until published calibration
 # figures (``GpuConstants``) or a run on the class replace it.
@@ -28,7 +28,7 @@ ENGINE_STEP_S = 2e-3
 class GpuConstants:
     """What turns a GPU class's catalogued peaks into the time model's rates: the share of peak FLOP/s training
     reaches, the share of spec bandwidth decode reaches, and a vLLM decode step's own seconds; assumed, or fitted
-    on the published calibration figures named (``benchmarks.model.calibration``)."""
+    on the published calibration figures named (``benchmarks.model.time.calibration``)."""
 
     training_mfu: float = TRAINING_MFU
     decode_mbu: float = DECODE_MBU

@@ -50,7 +50,7 @@ from benchmarks.model.memory.terms import (
     trainable_params,
 )
 from benchmarks.model.memory.vllm_engine import VLLM_DEFAULT_SEQS
-from benchmarks.model.schedule import Engine, decode_schedule, expected_longest, running_age
+from benchmarks.model.time.schedule import Engine, decode_schedule, expected_longest, running_age
 
 # bitsandbytes' matmul_4bit multiplies one token's vector by the 4-bit weight directly (gemv_4bit); any larger input,
 # and every backward, goes through MatMul4Bit, which dequantizes the weight to 16 bits first (bitsandbytes
