@@ -13,7 +13,7 @@ from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.model import guide, plan
 from benchmarks.model.memory import predict
-from benchmarks.model.time import calibration, phase_seconds
+from benchmarks.model.time import calibration, phase_seconds, work_rates
 from benchmarks.report import time_validation
 from benchmarks.results import schema
 from benchmarks.results.records import readable
@@ -243,7 +243,7 @@ def why_not_lines(why: plan.WhyNot, name: str, count: int) -> list[str]:
     return lines
 
 
-def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> phase_seconds.Rates:
+def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> work_rates.Rates:
     """This machine's rates (its calibration, the committed fit) for the cpu class, else the class's at the constants
     fitted on published figures; the reward's seconds a completion from the newest rewards part."""
     results = schema.load_results(RESULTS)
@@ -256,7 +256,7 @@ def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> phase_se
     return time_validation.machine_rates(coefficients, measured, levers.num_processes, reward_s)
 
 
-def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: phase_seconds.Rates, ask: plan.Ask) -> None:
+def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: work_rates.Rates, ask: plan.Ask) -> None:
     """Seconds per phase and per step, throughput, and GPU-hours and cost of the guide's 1,000 steps; where the
     engine runs fewer sequences at once than it is given (its KV cache, a server's max_num_seqs), how many."""
     step = setup.step

@@ -10,7 +10,7 @@ from benchmarks import cli
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
 from benchmarks.model.memory import vllm_engine
 from benchmarks.model.memory.predict import Workload
-from benchmarks.model.time import calibration, phase_seconds, schedule
+from benchmarks.model.time import calibration, phase_seconds, schedule, work_rates
 from benchmarks.model.time import rates as model_rates
 from benchmarks.report import time_validation
 from benchmarks.results import schema
@@ -29,7 +29,7 @@ def work_of(**levers):
 def test_the_calibration_flops_are_what_its_work_does():
     with FlopCounterMode(display=False) as counter:
         pace._torch_work()
-    assert counter.get_total_flops() == phase_seconds.CALIBRATION_FLOPS
+    assert counter.get_total_flops() == work_rates.CALIBRATION_FLOPS
 
 
 def test_checkpointing_adds_one_forward_and_lora_skips_the_weight_gradients():
@@ -43,17 +43,17 @@ def test_checkpointing_adds_one_forward_and_lora_skips_the_weight_gradients():
 
 def test_a_moe_s_routed_experts_train_at_their_own_rate_and_a_dense_model_has_none():
     moe, dense = load_shapes()["qwen3-30b-a3b"], load_shapes()["8b"]
-    forward = phase_seconds.forward_work(moe, 2, 4096)
+    forward = work_rates.forward_work(moe, 2, 4096)
     routed = moe.num_hidden_layers * moe.num_experts_per_tok * moe.expert_params()
     assert forward.expert_flops == 2 * routed * 2 * 4096  # 8 of 128 experts a token, not all of them
-    matmuls = forward.flops + forward.expert_flops - phase_seconds.attention_flops(moe, 2, 4096)
-    assert matmuls == pytest.approx(2 * phase_seconds.matmul_params(moe) * 2 * 4096)
-    assert phase_seconds.forward_work(dense, 2, 4096).expert_flops == 0
+    matmuls = forward.flops + forward.expert_flops - work_rates.attention_flops(moe, 2, 4096)
+    assert matmuls == pytest.approx(2 * work_rates.matmul_params(moe) * 2 * 4096)
+    assert work_rates.forward_work(dense, 2, 4096).expert_flops == 0
     h100 = load_hardware()["h100"]
     fast, slow = (model_rates.gpu_rates(h100, model_rates.GpuConstants(expert_mfu=share)) for share in (0.4, 0.2))
     assert slow.seconds(forward) > fast.seconds(forward)
-    assert slow.seconds(phase_seconds.forward_work(dense, 2, 4096)) == fast.seconds(
-        phase_seconds.forward_work(dense, 2, 4096)
+    assert slow.seconds(work_rates.forward_work(dense, 2, 4096)) == fast.seconds(
+        work_rates.forward_work(dense, 2, 4096)
     )
 
 
@@ -63,9 +63,9 @@ def test_a_packed_micro_batch_trains_its_sequences_own_lengths_not_its_longest_t
     for packed in (False, True):
         workload = Workload.from_levers(levers, 256, mean_completion=200, packed=packed)
         work[packed] = phase_seconds.training_work(SHAPE, "bfloat16", levers, workload)["forward_backward"].flops
-    assert work[True] == pytest.approx(3 * phase_seconds.forward_work(SHAPE, 8, 256 + 200).flops)
+    assert work[True] == pytest.approx(3 * work_rates.forward_work(SHAPE, 8, 256 + 200).flops)
     longest = schedule.expected_longest(8, 1024, 200)  # TRL pads the 8 to their longest, some 540 tokens
-    assert work[False] == pytest.approx(3 * phase_seconds.forward_work(SHAPE, 8, 256 + longest).flops)
+    assert work[False] == pytest.approx(3 * work_rates.forward_work(SHAPE, 8, 256 + longest).flops)
     assert work[False] > 1.5 * work[True]
     one = replace(levers, per_device_train_batch_size=1)
     loads = [Workload.from_levers(one, 256, mean_completion=200, packed=p) for p in (False, True)]
@@ -115,7 +115,7 @@ def test_each_rollout_engine_pays_its_own_transfers():
     assert work_of(use_vllm=True, vllm_enable_sleep_mode=True)["sleep_wake"].host_bytes == pytest.approx(2 * weights)
 
 
-def decoded_bytes(work: phase_seconds.Work) -> float:
+def decoded_bytes(work: work_rates.Work) -> float:
     return sum(steps * nbytes for steps, _, nbytes in work.roofline)
 
 

@@ -23,7 +23,8 @@ from benchmarks.catalog.shapes import Shape
 from benchmarks.model.memory.decode_bytes import decode_step_bytes
 from benchmarks.model.memory.predict import DTYPE_BYTES, GIB, MODELLED_OPTIMIZERS, Workload, as_run, estimate
 from benchmarks.model.time.calibration import fitted, fitted_rates
-from benchmarks.model.time.phase_seconds import Rates, step_time
+from benchmarks.model.time.phase_seconds import step_time
+from benchmarks.model.time.work_rates import Rates
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from benchmarks.model import guide, plan
 from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_RECIPE, GUIDE_WORKLOAD, LADDER
 from benchmarks.model.memory.predict import GIB, GPU_COUNTS, estimate, on_gpus
 from benchmarks.model.time.calibration import fitted
-from benchmarks.model.time.phase_seconds import Rates
+from benchmarks.model.time.work_rates import Rates
 from benchmarks.report import frames, time_tables
 from benchmarks.report.time_validation import FITTED_TIME_FILES
 from benchmarks.results.schema import Result

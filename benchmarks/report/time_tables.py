@@ -8,7 +8,8 @@ import pandas as pd
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model.memory.predict import Workload
 from benchmarks.model.time.calibration import fitted, fitted_rates
-from benchmarks.model.time.phase_seconds import Rates, StepTime, step_time
+from benchmarks.model.time.phase_seconds import StepTime, step_time
+from benchmarks.model.time.work_rates import Rates
 from benchmarks.report import frames
 from benchmarks.report import time_validation as tv
 from benchmarks.results.schema import Result

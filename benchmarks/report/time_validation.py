@@ -12,8 +12,9 @@ import numpy as np
 from benchmarks.catalog.profiles import load_shapes
 from benchmarks.catalog.targets import PHASE_SHARE, PHASE_TIME_WITHIN, STEP_TIME_WITHIN
 from benchmarks.model.memory.predict import Workload
-from benchmarks.model.time.phase_seconds import CALIBRATION_FLOPS, Rates, phase_work, step_time
+from benchmarks.model.time.phase_seconds import phase_work, step_time
 from benchmarks.model.time.rates import Coefficients, calibration_units, fit, measured_rates
+from benchmarks.model.time.work_rates import CALIBRATION_FLOPS, Rates
 from benchmarks.report.published_scores import class_error
 from benchmarks.results.schema import Calibration, Configuration, Result
 

@@ -21,9 +21,10 @@ import numpy as np
 from benchmarks.catalog import published
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model.memory.terms import DTYPE_BYTES, GIB, Workload
-from benchmarks.model.time.phase_seconds import Rates, Work, forward_work, generation_work, kv_held, training_passes
+from benchmarks.model.time.phase_seconds import generation_work, kv_held
 from benchmarks.model.time.rates import ASSUMED, GpuConstants, gpu_rates
 from benchmarks.model.time.schedule import Engine
+from benchmarks.model.time.work_rates import Rates, Work, forward_work, training_passes
 
 # The kinds a constant is fitted on, and the constants they fit (columns of FLOPs, bytes, engine steps, routed
 # experts' FLOPs): decode figures fit decode's bandwidth share and the engine step, training figures training's

@@ -11,7 +11,7 @@ import numpy as np
 
 from benchmarks.catalog.profiles import Hardware
 from benchmarks.model.memory.terms import GIB
-from benchmarks.model.time.phase_seconds import CALIBRATION_FLOPS, Rates, Work
+from benchmarks.model.time.work_rates import CALIBRATION_FLOPS, Rates, Work
 
 # GPU classes: peaks times these efficiencies, each an assumption with its source until published calibration
 # figures (``GpuConstants``) or a run on the class replace it.
