@@ -13,7 +13,7 @@ from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.model import guide, plan
 from benchmarks.model.memory import predict
-from benchmarks.model.time import calibration, phase_seconds, work_rates
+from benchmarks.model.time import calibration, engine_work, work_rates
 from benchmarks.report import time_validation
 from benchmarks.results import schema
 from benchmarks.results.records import readable
@@ -266,8 +266,8 @@ def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: work_rat
         print(f"  {phase:24} {readable(seconds):>9} s")
     print(f"  {'step':24} {readable(step.step_s):>9} s; the rollout {step.rollout_share:.0%} of it")
     work = ask.recipe.workload(setup.levers)
-    held = phase_seconds.kv_held(ask.shape, ask.dtype, setup.levers, work, rates.device_bytes)
-    engine = phase_seconds.engine_of(setup.levers, work, held)
+    held = engine_work.kv_held(ask.shape, ask.dtype, setup.levers, work, rates.device_bytes)
+    engine = engine_work.engine_of(setup.levers, work, held)
     if held <= engine.held and held < math.inf:
         print(f"  the engine's KV cache holds {int(held)} of its {engine.sequences} sequences at once: the rest wait "
               "their turn")  # fmt: skip

@@ -10,7 +10,7 @@ from benchmarks import cli
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
 from benchmarks.model.memory import vllm_engine
 from benchmarks.model.memory.predict import Workload
-from benchmarks.model.time import calibration, phase_seconds, schedule, work_rates
+from benchmarks.model.time import calibration, engine_work, phase_seconds, schedule, work_rates
 from benchmarks.model.time import rates as model_rates
 from benchmarks.report import time_validation
 from benchmarks.results import schema
@@ -76,14 +76,14 @@ def test_a_packed_micro_batch_trains_its_sequences_own_lengths_not_its_longest_t
 def test_a_server_runs_at_most_vllm_s_default_max_num_seqs_at_once_as_the_memory_model_sizes_it():
     levers = replace(BASE, use_vllm=True, vllm_mode="server", num_processes=8, per_device_train_batch_size=256)
     work = Workload.from_levers(levers, 256, mean_completion=300)
-    engine = phase_seconds.engine_of(levers, work)
+    engine = engine_work.engine_of(levers, work)
     assert engine.sequences == 8 * 256 and engine.held == vllm_engine.VLLM_DEFAULT_SEQS == 1024
     assert vllm_engine.engine_overheads(SHAPE, 2, levers).activations >= 1024 * SHAPE.vocab_size * 15  # its sampler
     unbounded = replace(engine, held=float("inf"))
     queued, at_once = (schedule.decode_schedule(e, 1024, 300)[0] for e in (engine, unbounded))
     assert queued.max() == 1024 and at_once.max() == 2048 and len(queued) > len(at_once)
     fewer = replace(levers, per_device_train_batch_size=64)  # 512 sequences: none wait
-    small = phase_seconds.engine_of(fewer, Workload.from_levers(fewer, 256, mean_completion=300))
+    small = engine_work.engine_of(fewer, Workload.from_levers(fewer, 256, mean_completion=300))
     assert small.sequences == 512 and small.held >= small.sequences
 
 
@@ -288,8 +288,8 @@ def test_decode_throughput_rises_with_the_engine_s_sequences_until_compute_binds
     per_s = {}
     for batch in (1, 8, 64, 512, 2048, 4096):
         levers = colocated(batch)
-        engine = phase_seconds.engine_of(levers, Workload.from_levers(levers, 256))
-        decode = phase_seconds.decode_work(SEVEN_B, 2, engine, Workload.from_levers(levers, 1))
+        engine = engine_work.engine_of(levers, Workload.from_levers(levers, 256))
+        decode = engine_work.decode_work(SEVEN_B, 2, engine, Workload.from_levers(levers, 1))
         per_s[batch] = batch * 1024 / rates.seconds(decode)
     assert per_s[1] < per_s[8] < per_s[64] < per_s[512]
     assert per_s[8] > 6 * per_s[1]  # bound by the weights: eight sequences for nearly the price of one
@@ -300,8 +300,8 @@ def test_a_tensor_parallel_2_engine_reads_half_the_weights_per_gpu_per_step():
     def weight_bytes_a_step(tp: int) -> float:
         levers = colocated(1, tp)
         work = Workload.from_levers(levers, 0, completion_tokens=1)
-        engine = phase_seconds.engine_of(levers, work)
-        (steps, _, nbytes), *_ = phase_seconds.decode_work(SEVEN_B, 2, engine, work).roofline
+        engine = engine_work.engine_of(levers, work)
+        (steps, _, nbytes), *_ = engine_work.decode_work(SEVEN_B, 2, engine, work).roofline
         return nbytes
 
     assert weight_bytes_a_step(2) == pytest.approx(weight_bytes_a_step(1) / 2, rel=0.01)
@@ -332,23 +332,23 @@ def test_a_running_sequence_is_half_the_longest_old_where_all_reach_it_and_its_s
 def test_sequences_beyond_what_the_engine_s_kv_cache_holds_wait_their_turn():
     levers = colocated(256, vllm_gpu_memory_utilization=0.25)
     work = Workload.from_levers(levers, 256)
-    held = phase_seconds.kv_held(SEVEN_B, "bfloat16", levers, work, H100.memory_gib * 2**30)
+    held = engine_work.kv_held(SEVEN_B, "bfloat16", levers, work, H100.memory_gib * 2**30)
     # 0.25 x 80 GiB less 14.2 GiB of weights and vLLM's own, over 56 KiB a token at 256 + 512 tokens each
     assert 90 < held < 140
-    engine = phase_seconds.engine_of(levers, work, held)
+    engine = engine_work.engine_of(levers, work, held)
     live, ages = schedule.decode_schedule(engine, 1024, 1024)
     assert live.max() == int(held) and live.sum() == pytest.approx(256 * 1024, rel=0.01)
     assert len(live) == pytest.approx(256 * 1024 / int(held), abs=2) and ages.max() == 1023
     whole = rollout_s(levers, work)
     # a card with memory enough that its 0.25 share holds every sequence: no bound; a little more memory: more held
-    assert phase_seconds.kv_held(SEVEN_B, "bfloat16", levers, work, 2.5 * H100.memory_gib * 2**30) == float("inf")
-    assert held < phase_seconds.kv_held(SEVEN_B, "bfloat16", levers, work, 1.2 * H100.memory_gib * 2**30) < 256
+    assert engine_work.kv_held(SEVEN_B, "bfloat16", levers, work, 2.5 * H100.memory_gib * 2**30) == float("inf")
+    assert held < engine_work.kv_held(SEVEN_B, "bfloat16", levers, work, 1.2 * H100.memory_gib * 2**30) < 256
     phases = phase_seconds.phase_work(SEVEN_B, "bfloat16", levers, work, held=held)
     assert calibration.fitted_rates(H100).seconds(phases["rollout"]) > 1.5 * whole
-    assert phase_seconds.kv_held(SEVEN_B, "bfloat16", replace(levers, use_vllm=False), work, 80 * 2**30) == float("inf")
+    assert engine_work.kv_held(SEVEN_B, "bfloat16", replace(levers, use_vllm=False), work, 80 * 2**30) == float("inf")
     # a share that cannot start the engine: the memory model refuses it; timed as if the share held the rollout
     cannot = replace(levers, vllm_gpu_memory_utilization=0.1)
-    assert phase_seconds.kv_held(SEVEN_B, "bfloat16", cannot, work, H100.memory_gib * 2**30) == float("inf")
+    assert engine_work.kv_held(SEVEN_B, "bfloat16", cannot, work, H100.memory_gib * 2**30) == float("inf")
 
 
 def test_zero3_over_two_machines_is_slower_than_over_one_at_the_same_count():

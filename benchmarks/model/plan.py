@@ -15,7 +15,8 @@ from benchmarks.catalog.shapes import Shape
 from benchmarks.model import guide
 from benchmarks.model.memory.predict import GIB, GPU_COUNTS, Estimate, estimate, on_gpus
 from benchmarks.model.time.calibration import fitted_rates
-from benchmarks.model.time.phase_seconds import StepTime, kv_held, phase_work, timed
+from benchmarks.model.time.engine_work import kv_held
+from benchmarks.model.time.phase_seconds import StepTime, phase_work, timed
 from benchmarks.model.time.work_rates import Rates, Work
 
 ENGINES = ("colocate", "sleep", "server")

@@ -21,7 +21,7 @@ import numpy as np
 from benchmarks.catalog import published
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model.memory.terms import DTYPE_BYTES, GIB, Workload
-from benchmarks.model.time.phase_seconds import generation_work, kv_held
+from benchmarks.model.time.engine_work import generation_work, kv_held
 from benchmarks.model.time.rates import ASSUMED, GpuConstants, gpu_rates
 from benchmarks.model.time.schedule import Engine
 from benchmarks.model.time.work_rates import Rates, Work, forward_work, training_passes

@@ -160,3 +160,12 @@ def eager_passes(shape: Shape, levers: Levers, passes: float) -> Work:
 def weight_bytes(shape: Shape, dtype: str, levers: Levers) -> float:
     b = DTYPE_BYTES[dtype]
     return qlora_weight_bytes(shape, b) if levers.model == "qlora" else shape.param_count() * b
+
+
+def gathered(levers: Levers, nbytes: float, times: float = 1.0) -> Work:
+    """An all-gather (or reduce-scatter) of ``nbytes`` over every rank, ``times`` over: each rank sends and receives
+    all but its own share, over NVLink within a machine, over the network between machines (each GPU's own NIC:
+    a ring crossing machines runs at its slowest hop)."""
+    n = levers.world_size
+    moved = nbytes * (n - 1) / n * times
+    return Work(network_bytes=moved) if levers.num_machines > 1 else Work(link_bytes=moved)
