@@ -32,7 +32,7 @@ from pathlib import Path
 from benchmarks import REPO, estimating, planning, summaries
 from benchmarks.catalog import gpus, install_plan, profiles
 from benchmarks.catalog.contenders import CONTENDERS
-from benchmarks.model import fit
+from benchmarks.model import profile_fit
 from benchmarks.report import compare, figures, site, tables
 from benchmarks.results import schema
 from benchmarks.run import context, decode, grpo, nvml_gpus, pace, provenance, worker
@@ -402,7 +402,7 @@ def print_predicted_fits(profile: profiles.Profile) -> None:
     """The memory model's verdict on each GRPO configuration, before it runs; the generic class on this device's
     own memory."""
     device = nvml_gpus.visible_gpus()
-    for predicted in fit.predicted_fits(profile, device[0].memory_gib if device else 0.0):
+    for predicted in profile_fit.predicted_fits(profile, device[0].memory_gib if device else 0.0):
         print(f"  the memory model: {predicted.line()}")
 
 

@@ -11,7 +11,7 @@ import tomllib
 
 from benchmarks import REPO
 from benchmarks.catalog import profiles
-from benchmarks.model import guide, plan
+from benchmarks.model import guide, search
 from benchmarks.model.memory import predict
 from benchmarks.model.time import calibration, engine_work, work_rates
 from benchmarks.report import time_validation
@@ -108,7 +108,7 @@ def recipe_of(parser: argparse.ArgumentParser, args: argparse.Namespace, levers:
         parser.error(str(error))
 
 
-def asked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[plan.Ask, str, profiles.Hardware]:
+def asked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[search.Ask, str, profiles.Hardware]:
     """The shape, levers and card ``estimate``'s arguments ask for; a parser error naming a bad one."""
     shape_catalog, catalog = profiles.load_shapes(), profiles.load_hardware()
     if args.shape not in shape_catalog:
@@ -123,7 +123,7 @@ def asked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[pl
     gpus = args.gpus or levers.world_size
     if (args.min_gpus or gpus > 1) and not catalog[args.hardware].peak_bf16_tflops:
         parser.error(f"--gpus/--min-gpus: {args.hardware!r} is one machine, with no GPU count to choose")
-    ask = plan.Ask(shape_catalog[args.shape], levers, given, recipe_of(parser, args, levers), args.dtype)
+    ask = search.Ask(shape_catalog[args.shape], levers, given, recipe_of(parser, args, levers), args.dtype)
     placed = None if args.min_gpus else ask.on(levers, gpus, catalog[args.hardware])
     if not args.min_gpus and placed is None:
         parser.error(
@@ -139,10 +139,10 @@ def asked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[pl
 def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     ask, card, hardware = asked(parser, args)
     if args.min_gpus:
-        found = plan.smallest(ask, hardware, card)
+        found = search.smallest(ask, hardware, card)
         if found is None:
             print(f"{args.shape} does not fit any count up to {predict.GPU_COUNTS[-1]} x {hardware.name} (predicted)")
-            why = plan.why_not(ask, hardware, card, predict.GPU_COUNTS[-1])
+            why = search.why_not(ask, hardware, card, predict.GPU_COUNTS[-1])
             print("\n".join(why_not_lines(why, hardware.name, predict.GPU_COUNTS[-1])))
             return 1
         levers, server = found.levers, found.server_gpus
@@ -166,17 +166,17 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         print(f"  vllm_gpu_memory_utilization >= {share:.2f} would start it" if share <= 1 else "")
     if fits:
         rates = step_rates(levers, hardware)
-        setup = plan.Setup(card, hardware, levers, server, est.peak, ask.step(levers, rates))
+        setup = search.Setup(card, hardware, levers, server, est.peak, ask.step(levers, rates))
         print_step_time(args, setup, rates, ask)
         return 0
     print("no time or cost: it does not fit")
     if hardware.peak_bf16_tflops:  # a GPU class: what would fit on more of it, or with other levers
-        why = plan.why_not(ask, hardware, card, levers.world_size)
+        why = search.why_not(ask, hardware, card, levers.world_size)
         print("\n".join(why_not_lines(why, hardware.name, levers.world_size)))
     return 1
 
 
-def engine_line(ask: plan.Ask, levers: profiles.Levers) -> str:
+def engine_line(ask: search.Ask, levers: profiles.Levers) -> str:
     if not (levers.use_vllm and levers.vllm_mode == "colocate"):
         return ""
     how = "as given" if "vllm_gpu_memory_utilization" in ask.fixed else "sized to the rollout"
@@ -214,7 +214,7 @@ def print_memory(est: predict.Estimate) -> None:
             print(f"  ({note})")
 
 
-def why_not_lines(why: plan.WhyNot, name: str, count: int) -> list[str]:
+def why_not_lines(why: search.WhyNot, name: str, count: int) -> list[str]:
     """The binding term, whether it shrinks with GPUs, and the smallest change that fits, in words."""
     gib, bound = predict.GIB, why.bound
     most = bound.most_gpus
@@ -256,7 +256,7 @@ def step_rates(levers: profiles.Levers, hardware: profiles.Hardware) -> work_rat
     return time_validation.machine_rates(coefficients, measured, levers.num_processes, reward_s)
 
 
-def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: work_rates.Rates, ask: plan.Ask) -> None:
+def print_step_time(args: argparse.Namespace, setup: search.Setup, rates: work_rates.Rates, ask: search.Ask) -> None:
     """Seconds per phase and per step, throughput, and GPU-hours and cost of the guide's 1,000 steps; where the
     engine runs fewer sequences at once than it is given (its KV cache, a server's max_num_seqs), how many."""
     step = setup.step
@@ -277,7 +277,7 @@ def print_step_time(args: argparse.Namespace, setup: plan.Setup, rates: work_rat
     print(cost_line(setup, ask.recipe, args.price_per_gpu_hour, args.currency))
 
 
-def cost_line(setup: plan.Setup, job: guide.Recipe, price: float | None, currency: str) -> str:
+def cost_line(setup: search.Setup, job: guide.Recipe, price: float | None, currency: str) -> str:
     """Throughput per GPU and the GPU-hours of ``job`` on every GPU the setup holds; the cost where priced."""
     hours = setup.gpu_hours(job)
     line = (

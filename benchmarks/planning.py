@@ -12,7 +12,7 @@ from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.catalog.targets import PLAN_S
 from benchmarks.estimating import cost_line, model_command, recipe_levers, recipe_of, why_not_lines
-from benchmarks.model import guide, plan
+from benchmarks.model import guide, search
 from benchmarks.model.memory import predict
 from benchmarks.report import sizing
 from benchmarks.report.time_validation import error_line
@@ -53,12 +53,12 @@ def prices(parser: argparse.ArgumentParser, given: list[str], cards: dict[str, p
     return found
 
 
-def asked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> plan.Ask:
+def asked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> search.Ask:
     shape_catalog = profiles.load_shapes()
     if args.shape not in shape_catalog:
         parser.error(f"--shape {args.shape!r}: not in profiles/shapes.toml ({', '.join(shape_catalog)})")
     levers, fixed = recipe_levers(parser, [*args.levers, *([f"model={args.method}"] if args.method else [])])
-    return plan.Ask(shape_catalog[args.shape], levers, fixed, recipe_of(parser, args, levers))
+    return search.Ask(shape_catalog[args.shape], levers, fixed, recipe_of(parser, args, levers))
 
 
 def run_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -67,7 +67,7 @@ def run_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     cards = plan_cards(parser, args.classes)
     priced = prices(parser, args.price, cards)
     started = time.perf_counter()
-    setups = plan.plan(ask, cards)
+    setups = search.plan(ask, cards)
     searched_s = time.perf_counter() - started
     print(f"{args.shape} ({ask.shape.param_count() / 1e9:.4g}B params, {ask.dtype}): {job.line()}")
     unfed = [c for c in predict.GPU_COUNTS if c not in ask.fed_counts()]
@@ -86,7 +86,9 @@ def run_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     unfit = [card for card in cards if not any(s.card == card for s in setups)]
     for card in unfit:
         hardware = cards[card]
-        why = plan.why_not(dataclasses.replace(ask, base=plan.lightest(ask)), hardware, card, predict.GPU_COUNTS[-1])
+        why = search.why_not(
+            dataclasses.replace(ask, base=search.lightest(ask)), hardware, card, predict.GPU_COUNTS[-1]
+        )
         print(f"\n{hardware.name}: nothing fits up to {predict.GPU_COUNTS[-1]} GPUs with the lightest levers free")
         print("\n".join(why_not_lines(why, hardware.name, predict.GPU_COUNTS[-1])))
     claim = f"a plan of one shape over {len(cards)} cards and every count in under {PLAN_S:g} s"
@@ -98,14 +100,14 @@ COLUMNS = ("", "GPUs", "card", "levers", "peak/GPU", "spare", "s/step", "tok/s/G
 
 
 def print_rows(
-    setups: list[plan.Setup], job: guide.Recipe, priced: dict[str, float], currency: str, every: bool
+    setups: list[search.Setup], job: guide.Recipe, priced: dict[str, float], currency: str, every: bool
 ) -> None:
     """The rows ranked by wall time, the Pareto front marked *; without ``every`` the front and each card's fewest
     GPUs and fastest."""
     if not setups:
         print("\nnothing fits any card or count (predicted)")
         return
-    front = plan.pareto(setups, job, priced)
+    front = search.pareto(setups, job, priced)
     shown = setups if every else [s for s in setups if s in front or s in _ends(setups, job)]
     rows = [_row(s, job, priced, currency, s in front) for s in sorted(shown, key=lambda s: s.wall_s(job))]
     widths = [max(len(str(r[i])) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
@@ -123,7 +125,7 @@ def print_rows(
     print(f"  {cost_line(fastest, job, priced.get(fastest.card), currency)}")
 
 
-def _ends(setups: list[plan.Setup], job: guide.Recipe) -> list[plan.Setup]:
+def _ends(setups: list[search.Setup], job: guide.Recipe) -> list[search.Setup]:
     """Each card's fewest-GPU row and its fastest."""
     ends = []
     for card in dict.fromkeys(s.card for s in setups):
@@ -132,7 +134,7 @@ def _ends(setups: list[plan.Setup], job: guide.Recipe) -> list[plan.Setup]:
     return ends
 
 
-def _row(setup: plan.Setup, job: guide.Recipe, priced: dict[str, float], currency: str, front: bool) -> tuple:
+def _row(setup: search.Setup, job: guide.Recipe, priced: dict[str, float], currency: str, front: bool) -> tuple:
     hours, price = setup.gpu_hours(job), priced.get(setup.card)
     count = f"{setup.levers.world_size}+{setup.server_gpus}" if setup.server_gpus else str(setup.gpus)
     return (

@@ -19,8 +19,8 @@ from test_devices import GIB, FakeNVML
 from benchmarks import cli
 from benchmarks.catalog import install_plan
 from benchmarks.catalog.profiles import configurations, load, load_hardware, load_shapes
-from benchmarks.model.fit import predicted_fits
 from benchmarks.model.memory.predict import as_run
+from benchmarks.model.profile_fit import predicted_fits
 from benchmarks.run import nvml_gpus, pace
 from benchmarks.run.grpo import unified_over_cap
 

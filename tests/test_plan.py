@@ -10,7 +10,7 @@ import pytest
 from benchmarks import REPO, summaries
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.cli import main
-from benchmarks.model import guide, plan
+from benchmarks.model import guide, search
 from benchmarks.model.memory.predict import GIB
 from benchmarks.report import sizing
 from benchmarks.results.records import readable
@@ -20,64 +20,64 @@ from benchmarks.run.configuration import silent_ending
 HARDWARE = load_hardware()
 
 
-def ask(shape: str, **fixed) -> plan.Ask:
-    return plan.Ask(load_shapes()[shape], replace(guide.GUIDE_BASE, **fixed), frozenset(fixed))
+def ask(shape: str, **fixed) -> search.Ask:
+    return search.Ask(load_shapes()[shape], replace(guide.GUIDE_BASE, **fixed), frozenset(fixed))
 
 
 def test_the_plan_picks_the_fastest_where_it_differs_from_the_lightest():
     cell = sizing.predicted_cell("32b", HARDWARE["h200"])
-    lightest = plan.Ask(load_shapes()["32b"]).step(cell.levers, plan.fitted_rates(HARDWARE["h200"]))
+    lightest = search.Ask(load_shapes()["32b"]).step(cell.levers, search.fitted_rates(HARDWARE["h200"]))
     assert cell.count == 1 and cell.label == "LoRA, checkpointing, vLLM sleep"
     assert cell.fastest.step.step_s < lightest.step_s and cell.fastest.levers != cell.levers
     assert cell.fastest.peak <= HARDWARE["h200"].memory_gib * GIB
     # the fastest is the fastest of every lever set the plan weighs on one H200
-    weighed = plan._axes(plan.Ask(load_shapes()["32b"]), 1)
+    weighed = search._axes(search.Ask(load_shapes()["32b"]), 1)
     micro_batches = weighed.pop("per_device_train_batch_size")
-    rates, shape_ask = plan.fitted_rates(HARDWARE["h200"]), plan.Ask(load_shapes()["32b"])
+    rates, shape_ask = search.fitted_rates(HARDWARE["h200"]), search.Ask(load_shapes()["32b"])
     for values in itertools.product(*weighed.values()):
         choice = dict(zip(weighed, values, strict=True))
-        for levers, _, _ in plan._fitting(shape_ask, choice, micro_batches, 1, HARDWARE["h200"])[1]:
+        for levers, _, _ in search._fitting(shape_ask, choice, micro_batches, 1, HARDWARE["h200"])[1]:
             assert shape_ask.step(levers, rates).step_s >= cell.fastest.step.step_s
 
 
 @pytest.mark.parametrize("shape,card,count", [("32b", "h100", 1), ("32b", "h100", 8), ("7b", "rtx4090", 2)])
 def test_a_heavier_choice_never_fits_a_larger_micro_batch_than_a_lighter_one(shape, card, count):
-    # the pruning in `plan.fastest` rests on this: it is checked here over every pair the plan weighs
-    asked, hardware = plan.Ask(load_shapes()[shape]), HARDWARE[card]
-    axes = plan._axes(asked, count)
+    # the pruning in `search.fastest` rests on this: it is checked here over every pair the plan weighs
+    asked, hardware = search.Ask(load_shapes()[shape]), HARDWARE[card]
+    axes = search._axes(asked, count)
     micro_batches = axes.pop("per_device_train_batch_size")
     choices = [dict(zip(axes, v, strict=True)) for v in itertools.product(*axes.values())]
-    largest = [plan._fitting(asked, c, micro_batches, count, hardware)[0] for c in choices]
+    largest = [search._fitting(asked, c, micro_batches, count, hardware)[0] for c in choices]
     assert 0 in largest and len(set(largest)) > 2  # some fit none, others differ in the micro-batch they fit
     for (one, one_micro), (other, other_micro) in itertools.product(zip(choices, largest), repeat=2):
-        if plan.heavier(one, other, axes):
+        if search.heavier(one, other, axes):
             assert one_micro <= other_micro, (one, other)
 
 
 def test_a_dominated_row_is_off_the_pareto_front():
-    setups = plan.plan(ask("7b"), {"h100": HARDWARE["h100"], "h200": HARDWARE["h200"]})
+    setups = search.plan(ask("7b"), {"h100": HARDWARE["h100"], "h200": HARDWARE["h200"]})
     job = guide.GUIDE_RECIPE
-    front = plan.pareto(setups, job, {})
+    front = search.pareto(setups, job, {})
     assert front and len(front) < len(setups)
     for row in setups:
         beaten = [o for o in setups if o.wall_s(job) < row.wall_s(job) and o.gpu_hours(job) < row.gpu_hours(job)]
         assert (row in front) == (not beaten)
     # priced: only priced cards are weighed, and price moves the front
-    priced = plan.pareto(setups, job, {"h100": 1.0})
+    priced = search.pareto(setups, job, {"h100": 1.0})
     assert priced and all(s.card == "h100" for s in priced)
 
 
 def test_a_fixed_lever_is_held_on_every_row():
-    setups = plan.plan(ask("14b", model="full", optim="adamw_torch"), {"h100": HARDWARE["h100"]})
+    setups = search.plan(ask("14b", model="full", optim="adamw_torch"), {"h100": HARDWARE["h100"]})
     assert setups and all(s.levers.model == "full" and s.levers.optim == "adamw_torch" for s in setups)
-    free = plan.plan(ask("14b"), {"h100": HARDWARE["h100"]})
+    free = search.plan(ask("14b"), {"h100": HARDWARE["h100"]})
     assert min(s.gpus for s in free) < min(s.gpus for s in setups)  # freed, a lighter method needs fewer
 
 
 def test_cost_counts_the_server_s_gpus_and_a_row_is_the_recipe_s_steps():
     recipe = guide.Recipe.of_batch(256, 8)
     asked = replace(ask("7b", vllm_mode="server"), recipe=recipe)
-    served = [s for s in plan.plan(asked, {"h100": HARDWARE["h100"]}) if s.server_gpus]
+    served = [s for s in search.plan(asked, {"h100": HARDWARE["h100"]}) if s.server_gpus]
     assert served and all(s.gpus == s.levers.world_size + s.server_gpus for s in served)
     one = served[0]
     assert one.gpu_hours(recipe) == pytest.approx(one.gpus * one.wall_s(recipe) / 3600)
@@ -88,14 +88,14 @@ def test_cost_counts_the_server_s_gpus_and_a_row_is_the_recipe_s_steps():
 
 def test_at_a_fixed_global_batch_more_gpus_shorten_the_step_and_lower_tokens_a_second_per_gpu():
     asked = replace(ask("7b", model="lora"), recipe=guide.Recipe.of_batch(256, 8))
-    on = {n: plan.fastest(asked, HARDWARE["h100"], "h100", n) for n in (1, 8, 64)}
+    on = {n: search.fastest(asked, HARDWARE["h100"], "h100", n) for n in (1, 8, 64)}
     assert on[1].step.step_s > on[8].step.step_s > on[64].step.step_s
     per_gpu = {n: setup.tokens_per_s / setup.gpus for n, setup in on.items()}
     assert per_gpu[1] > per_gpu[8] > per_gpu[64]
 
 
 def test_a_count_the_global_batch_cannot_feed_is_not_offered(capsys):
-    setups = plan.plan(ask("0.5b"), {"h100": HARDWARE["h100"]})  # the guide's 8 completions a step
+    setups = search.plan(ask("0.5b"), {"h100": HARDWARE["h100"]})  # the guide's 8 completions a step
     assert setups and {s.levers.world_size for s in setups} <= {1, 2, 4, 8}
     assert main(["plan", "--shape", "0.5b", "--classes", "h100"]) == 0
     assert "not offered: 16, 24, 32, 48, 64 trainer GPUs: the global batch of 8" in capsys.readouterr().out
@@ -110,7 +110,7 @@ def test_the_plan_and_estimate_agree_on_every_row_the_plan_prints(capsys):
     assert main(["plan", *command, "--classes", "h100"]) == 0
     printed = re.findall(r"^\*?\s+(\d+)(?:\+(\d+))?\s+h100\s+.*?\s(\S+) s\s", capsys.readouterr().out, re.MULTILINE)
     asked = replace(ask("7b"), recipe=guide.Recipe.of_batch(256, 8))
-    rows = {(s.levers.world_size, s.server_gpus): s for s in plan.plan(asked, {"h100": HARDWARE["h100"]})}
+    rows = {(s.levers.world_size, s.server_gpus): s for s in search.plan(asked, {"h100": HARDWARE["h100"]})}
     assert len(printed) > 3
     for trainer, server, seconds in printed:
         setup = rows[(int(trainer), int(server or 0))]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from benchmarks.catalog import published
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.catalog.targets import PUBLISHED_WITHIN
-from benchmarks.model import guide, plan
+from benchmarks.model import guide, search
 from benchmarks.model.time import calibration
 from benchmarks.model.time.calibration import fitted_rates
 from benchmarks.model.time.rates import ASSUMED
@@ -37,7 +37,7 @@ class Score:
         return self.predicted / self.entry.stated.value
 
 
-def ask_of(mapping: published.Mapping) -> plan.Ask:
+def ask_of(mapping: published.Mapping) -> search.Ask:
     """The mapped setup as a plan's question: its levers, and the recipe its ranks' batches add up to."""
     base = guide.GUIDE_BASE.changed(**mapping.levers)
     per_rank = base.per_device_train_batch_size * base.gradient_accumulation_steps
@@ -49,7 +49,7 @@ def ask_of(mapping: published.Mapping) -> plan.Ask:
         mean_completion=mapping.mean_completion,
         packed=mapping.packed,
     )
-    return plan.Ask(load_shapes()[mapping.shape], base, frozenset(mapping.levers), recipe, mapping.dtype)
+    return search.Ask(load_shapes()[mapping.shape], base, frozenset(mapping.levers), recipe, mapping.dtype)
 
 
 def score(entry: published.Entry) -> Score:
@@ -63,7 +63,7 @@ def score(entry: published.Entry) -> Score:
         return Score(entry, calibration.as_stated(entry, seconds), rollout_s=seconds if entry.kind == "decode" else 0)
     ask = ask_of(mapping)
     if entry.kind == "min_gpus":
-        found = plan.smallest(ask, hardware, mapping.card)
+        found = search.smallest(ask, hardware, mapping.card)
         if found is None:
             return Score(entry, reason="no count up to 64 fits, predicted")
         return Score(entry, float(found.gpus))
@@ -127,7 +127,7 @@ def binding_term(entry: published.Entry) -> str:
     largest term of the peak phase."""
     mapping = entry.mapping
     hardware = load_hardware()[mapping.card]
-    bound = plan.binding(ask_of(mapping), hardware, int(entry.stated.value))
+    bound = search.binding(ask_of(mapping), hardware, int(entry.stated.value))
     if bound.engine:
         return "the vLLM engine's start (weights, one sequence's KV, vLLM's own memory as its profiling reports it)"
     return bound.term

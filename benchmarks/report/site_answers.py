@@ -9,7 +9,7 @@ import statistics
 from html import escape
 
 from benchmarks.catalog.profiles import load_hardware, load_shapes
-from benchmarks.model import guide, plan
+from benchmarks.model import guide, search
 from benchmarks.model.memory.predict import GIB
 from benchmarks.report import frames, published_scores, sizing, svg, time_tables
 from benchmarks.results.records import readable
@@ -102,17 +102,17 @@ def size_pages(results: list[Result]) -> dict[str, tuple[str, str]]:
     cards = {n: h for n, h in load_hardware().items() if h.peak_bf16_tflops and h.gpu_class != "cpu"}
     found = {}
     for size in GUIDE_SIZES:
-        setups = plan.plan(plan.Ask(load_shapes()[size]), cards)
+        setups = search.plan(search.Ask(load_shapes()[size]), cards)
         found[f"sizes/{size}.html"] = (f"{size}: what to rent, how many, how long", _plan_body(size, setups))
     listing = "".join(f'<li><a href="{s}.html">{s}</a></li>' for s in GUIDE_SIZES)
     found["sizes/index.html"] = ("Size classes", f"<ul>{listing}</ul>")
     return found
 
 
-def _plan_body(size: str, setups: list[plan.Setup]) -> str:
+def _plan_body(size: str, setups: list[search.Setup]) -> str:
     if not setups:
         return "<p>Nothing fits any card or count up to 64 (predicted): <code>plan</code> says why.</p>"
-    front = plan.pareto(setups, JOB, {})
+    front = search.pareto(setups, JOB, {})
     shown = sorted(setups, key=lambda s: s.wall_s(JOB))
     rows = "".join(
         "<tr>"

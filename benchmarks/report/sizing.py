@@ -11,7 +11,7 @@ import pandas as pd
 
 from benchmarks.catalog.levers import GUIDE_LEVERS, MODELS
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
-from benchmarks.model import guide, plan
+from benchmarks.model import guide, search
 from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_RECIPE, GUIDE_WORKLOAD, LADDER
 from benchmarks.model.memory.predict import GIB, GPU_COUNTS, estimate, on_gpus
 from benchmarks.model.time.calibration import fitted
@@ -48,13 +48,13 @@ def vllm_share(levers: Levers, shape_name: str, hardware: Hardware) -> Levers:
 @dataclass(frozen=True)
 class Cell:
     """A predicted cell: the fewest GPUs, the lightest lever set there (its label, peak and levers) and the
-    fastest (``plan.fastest``; None on a CPU, which has no GPU count to weigh)."""
+    fastest (``search.fastest``; None on a CPU, which has no GPU count to weigh)."""
 
     count: int
     label: str
     peak: float
     levers: Levers
-    fastest: plan.Setup | None
+    fastest: search.Setup | None
 
 
 @functools.cache  # the tables, the ledger and the site's pages each ask for the same cells
@@ -62,7 +62,7 @@ def predicted_cell(shape_name: str, hardware: Hardware) -> Cell | None:
     """The fewest GPUs of ``hardware`` (``GPU_COUNTS``: 1, 2, 4, 8, then 8-GPU machines) and the first
     lever set of LADDER on them whose predicted peak per GPU fits, with that peak and levers; many GPUs run ZeRO-3
     with the colocated engine split over each machine's ranks (``on_gpus``); and the fastest lever set on as many
-    GPUs (``plan.fastest``). A CPU is one machine."""
+    GPUs (``search.fastest``). A CPU is one machine."""
     shape = load_shapes()[shape_name]
     counts = (1,) if hardware.gpu_class == "cpu" else GPU_COUNTS
     for count in counts:
@@ -73,7 +73,7 @@ def predicted_cell(shape_name: str, hardware: Hardware) -> Cell | None:
                 fastest = None
                 if hardware.peak_bf16_tflops and hardware.gpu_class != "cpu":
                     every_gpu = replace(GUIDE_RECIPE, prompts=count)  # the guide's step on each GPU, as the cell
-                    fastest = plan.fastest(plan.Ask(shape, recipe=every_gpu), hardware, hardware.name, count)
+                    fastest = search.fastest(search.Ask(shape, recipe=every_gpu), hardware, hardware.name, count)
                 return Cell(count, label + (", ZeRO-3" if count > 1 else ""), predicted.peak, levers, fastest)
     return None
 

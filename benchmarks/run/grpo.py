@@ -36,8 +36,8 @@ from benchmarks.catalog.targets import (
     ZERO3_STATES_WITHIN,
     part_limit_s,
 )
-from benchmarks.model.fit import predicted_fits
 from benchmarks.model.memory.predict import GIB, as_run, rank_model_states
+from benchmarks.model.profile_fit import predicted_fits
 from benchmarks.results import schema
 from benchmarks.run import cluster, provenance
 from benchmarks.run.ceilings import INVALID, step_fault

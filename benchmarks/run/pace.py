@@ -28,8 +28,8 @@ from pathlib import Path
 from benchmarks.catalog.install_plan import INSTALL
 from benchmarks.catalog.profiles import GRPO_PARTS, Profile, configurations, load_shapes
 from benchmarks.catalog.targets import ESTIMATE_WITHIN
-from benchmarks.model.fit import predicted_basis, predicted_part_s
 from benchmarks.model.memory.predict import DTYPE_BYTES, GIB
+from benchmarks.model.profile_fit import predicted_basis, predicted_part_s
 from benchmarks.results import schema
 from benchmarks.run.bandwidth_probe import ceiling, probe
 from benchmarks.run.model_dirs import is_built
