@@ -35,7 +35,8 @@ from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.model import profile_fit
 from benchmarks.report import compare, figures, site, tables
 from benchmarks.results import schema
-from benchmarks.run import context, decode, grpo, nvml_gpus, pace, provenance, worker
+from benchmarks.run import context, decode, grpo, worker
+from benchmarks.run.machine import nvml_gpus, pace, provenance
 
 RESULTS = REPO / "results" / "runs"
 

@@ -17,7 +17,7 @@ from benchmarks.model.time import calibration, engine_work, work_rates
 from benchmarks.report import time_validation
 from benchmarks.results import schema
 from benchmarks.results.records import readable
-from benchmarks.run import pace
+from benchmarks.run.machine import pace
 
 RESULTS = REPO / "results" / "runs"
 BOOLEANS = {"true": True, "false": False}

@@ -7,7 +7,7 @@ import pytest
 from benchmarks import REPO
 from benchmarks.catalog.profiles import load_shapes
 from benchmarks.model.memory.decode_bytes import decode_step_bytes, experts_read, kv_bytes_per_token, rollout_seconds
-from benchmarks.run.bandwidth_probe import ceiling, probe
+from benchmarks.run.machine.bandwidth_probe import ceiling, probe
 
 REPO_RUNS = REPO / "results" / "runs"
 

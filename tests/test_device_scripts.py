@@ -17,7 +17,7 @@ import pytest
 from benchmarks import REPO
 from benchmarks.catalog.profiles import load
 from benchmarks.results import schema
-from benchmarks.run import preflight, provenance
+from benchmarks.run.machine import preflight, provenance
 
 SCRIPTS = sorted((REPO / "benchmarks" / "device").glob("*.sh"))
 
@@ -156,7 +156,7 @@ def test_a_check_that_cannot_import_the_trainer_skips_every_grpo_part_and_still_
 def test_the_check_refuses_a_machine_of_another_kind_before_anything_else(name, memory, status, monkeypatch, tmp_path):
     from test_devices import FakeNVML, gpu
 
-    from benchmarks.run import nvml_gpus
+    from benchmarks.run.machine import nvml_gpus
 
     monkeypatch.setattr(nvml_gpus, "load_nvml", lambda: FakeNVML(gpu(name, memory)))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -19,8 +19,9 @@ from benchmarks.catalog import install_plan
 from benchmarks.catalog import profiles as profile
 from benchmarks.report import sizing
 from benchmarks.results import schema
-from benchmarks.run import configuration, grpo, nvml_gpus, worker
+from benchmarks.run import configuration, grpo, worker
 from benchmarks.run.job import Job
+from benchmarks.run.machine import nvml_gpus
 from benchmarks.run.sampler import MemorySampler
 
 GIB = 2**30

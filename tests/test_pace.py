@@ -8,7 +8,8 @@ import pytest
 from benchmarks.catalog import install_plan, profiles
 from benchmarks.catalog.targets import ESTIMATE_WITHIN
 from benchmarks.results import schema
-from benchmarks.run import model_dirs, pace
+from benchmarks.run import model_dirs
+from benchmarks.run.machine import pace
 
 
 def calibration(python_s=1.0, spawn_s=1.0, torch_s=1.0):

@@ -14,7 +14,7 @@ from benchmarks.model.time import calibration, engine_work, phase_seconds, sched
 from benchmarks.model.time import rates as model_rates
 from benchmarks.report import time_validation
 from benchmarks.results import schema
-from benchmarks.run import pace
+from benchmarks.run.machine import pace
 
 SHAPE = load_shapes()["0.5b"]
 WORK = Workload(completions=8, prompt_tokens=256, completion_tokens=1024)

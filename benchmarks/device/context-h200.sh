@@ -58,7 +58,7 @@ if [ "${1:-}" = "--prepare" ]; then
     "tyro==1.0.17" "docstring-parser==0.18.0" "shtab==1.13.0" "typeguard==4.6.1" "msgspec==0.23.0" \
     "json5==0.17.3" "nest-asyncio==1.6.0" "structlog==26.1.0"
   rm -rf "$site/unsloth/studio" "$site/unsloth/unsloth_cli"
-  python3 -c 'from benchmarks.run.provenance import write_provenance; print("provenance:", write_provenance().short)'
+  python3 -c 'from benchmarks.run.machine.provenance import write_provenance; print("provenance:", write_provenance().short)'
   du -sh "$site" "$site"/*
   exit 0
 fi
@@ -73,7 +73,7 @@ if [ "${1:-}" = "--rehearse" ]; then
 elif [ ! -d "$site/common" ]; then
   echo "no $site: run 'bash $0 --prepare' first, on a machine that reaches PyPI"
   exit 2
-elif ! python3 -c 'import sys; from benchmarks.run.preflight import failed, kind; k = kind("h200"); print("kind:", k); sys.exit(4 if failed(k) else 0)'; then
+elif ! python3 -c 'import sys; from benchmarks.run.machine.preflight import failed, kind; k = kind("h200"); print("kind:", k); sys.exit(4 if failed(k) else 0)'; then
   echo "stop: this machine is not an H200: nothing measured; ask the device tool for kind nvidia-h200"
   exit 4
 fi

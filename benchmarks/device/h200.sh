@@ -54,7 +54,7 @@ if [ "$mode" = --prepare ]; then
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
     --platform any -d .wheels "${carried[@]}"
-  python3 -c 'from benchmarks.run.provenance import write_provenance; print("provenance:", write_provenance().short, "(commit nothing more before the run, or write it again: python -m benchmarks provenance)")'
+  python3 -c 'from benchmarks.run.machine.provenance import write_provenance; print("provenance:", write_provenance().short, "(commit nothing more before the run, or write it again: python -m benchmarks provenance)")'
   du -sh .wheels
   exit 0
 fi
@@ -71,7 +71,7 @@ if [ "$mode" = --rehearse ]; then
   [ -n "${H200_PARTS:-}" ] && read -ra PARTS <<<"$H200_PARTS"  # the parts a rehearsal is about ("grpo-3b")
 elif [ "$mode" = run ]; then
   # a result names the commit that ran: this tree must be the one its record was written from (no git here)
-  if ! python3 -c 'import sys; from benchmarks.run.provenance import commit; c = commit(); print(f"commit: {c.id} ({c.source})"); sys.exit(0 if c.id and not c.dirty else 3)'; then
+  if ! python3 -c 'import sys; from benchmarks.run.machine.provenance import commit; c = commit(); print(f"commit: {c.id} ({c.source})"); sys.exit(0 if c.id and not c.dirty else 3)'; then
     echo "stop: this tree is not the commit its record names: run 'python -m benchmarks provenance' where the checkout is, after the last commit and right before the run"
     exit 3
   fi
@@ -97,7 +97,7 @@ for part in "${PARTS[@]}"; do
   fi
   echo "== $part (budget ${BUDGET_S[$part]} s) =="
   if [ "$part" = check ]; then
-    command=(python3 -m benchmarks.run.preflight "$results/h200/$stamp-check.txt" "${kind[@]}")
+    command=(python3 -m benchmarks.run.machine.preflight "$results/h200/$stamp-check.txt" "${kind[@]}")
   else
     read -ra chosen <<<"${PROFILE[$part]}"
     # its configurations end ~8 s before the part's budget, as timeout records with their phase, not cut from outside

@@ -91,7 +91,7 @@ def predicted_fits(profile: Profile, device_memory_gib: float = 0.0) -> list[Pre
 
 # Assumed, not yet measured on a GPU: a configuration's worker start (imports, the model loaded onto the device, a
 # colocated engine started and its CUDA graphs captured) and an engine's start in the decode part; a GPU run's
-# pace replaces the whole prediction with its own time (benchmarks.run.pace).
+# pace replaces the whole prediction with its own time (benchmarks.run.machine.pace).
 SETUP_S = 120.0
 
 

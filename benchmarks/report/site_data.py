@@ -12,7 +12,7 @@ from benchmarks.model.memory.predict import GIB
 from benchmarks.report import frames
 from benchmarks.report.svg import Point
 from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile
-from benchmarks.run import pace
+from benchmarks.run.machine import pace
 
 
 def run_page(path: str) -> str:

@@ -14,7 +14,7 @@ from benchmarks.report import frames, site_data, svg
 from benchmarks.report.time_validation import TimeCheck
 from benchmarks.report.validation import validate
 from benchmarks.results.schema import ContextFile, DecodeFile, GrpoFile, Result, RewardsFile
-from benchmarks.run import pace
+from benchmarks.run.machine import pace
 
 
 def run_pages(

@@ -13,7 +13,7 @@ from benchmarks.model.time.work_rates import Rates
 from benchmarks.report import frames
 from benchmarks.report import time_validation as tv
 from benchmarks.results.schema import Result
-from benchmarks.run import pace
+from benchmarks.run.machine import pace
 
 SPARK_VERSUS = "h200"  # the class Spark's hours stand beside
 SPARK_SHAPES = ("0.5b", "1.5b", "3b", "7b", "8b", "14b", "32b", "70b")

@@ -130,7 +130,7 @@ class Commit:
 
 @dataclass(kw_only=True)
 class Calibration:
-    """A few seconds of fixed work, timed before a profile runs (``benchmarks.run.pace``): how fast this
+    """A few seconds of fixed work, timed before a profile runs (``benchmarks.run.machine.pace``): how fast this
     machine does what the parts do, to scale an earlier run's times by."""
 
     python_s: float  # a fixed pure-Python workload (regular expressions, JSON), one thread

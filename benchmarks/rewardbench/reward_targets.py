@@ -13,7 +13,7 @@ from benchmarks.catalog.profiles import Profile
 from benchmarks.catalog.targets import REWARD_TARGETS
 from benchmarks.results import schema
 from benchmarks.rewardbench.cases import SKIPPED
-from benchmarks.run import provenance
+from benchmarks.run.machine import provenance
 from rewards.sandbox import default_sandbox
 
 REWARD_PACKAGES = (

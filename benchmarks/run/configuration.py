@@ -23,9 +23,10 @@ from benchmarks import REPO
 from benchmarks.catalog.profiles import Levers
 from benchmarks.model.memory.predict import GIB
 from benchmarks.results import schema
-from benchmarks.run import launch, nvml_gpus
+from benchmarks.run import launch
 from benchmarks.run.channel import Channel, RankReports, free_port, listen
 from benchmarks.run.job import Job
+from benchmarks.run.machine import nvml_gpus
 from benchmarks.run.sampler import MemorySampler
 from benchmarks.run.worker import ENGINE_CANNOT_START
 

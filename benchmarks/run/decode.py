@@ -32,11 +32,11 @@ from benchmarks.catalog.shapes import Shape
 from benchmarks.model.memory.decode_bytes import decode_step_bytes, projections, projections_at_fraction
 from benchmarks.model.memory.predict import DTYPE_BYTES
 from benchmarks.results import schema
-from benchmarks.run import nvml_gpus, provenance
-from benchmarks.run.bandwidth_probe import ceiling as ceiling_of
-from benchmarks.run.bandwidth_probe import probe
 from benchmarks.run.ceilings import INVALID, decode_fault
 from benchmarks.run.configuration import VLLM_CPU_ENV
+from benchmarks.run.machine import nvml_gpus, provenance
+from benchmarks.run.machine.bandwidth_probe import ceiling as ceiling_of
+from benchmarks.run.machine.bandwidth_probe import probe
 from benchmarks.run.model_dirs import build_on_device, materialise_recorded
 
 

@@ -2,7 +2,7 @@
 
 The parent samples the memory of the worker and its children (RSS, every 20 ms and at every
 phase boundary; on CUDA also the device memory its processes hold, vLLM's included: see
-``benchmarks.run.nvml_gpus``) and attributes each sample to the step and phase the worker last
+``benchmarks.run.machine.nvml_gpus``) and attributes each sample to the step and phase the worker last
 reported. A worker tree above the profile's memory budget is stopped and recorded as ``oom``
 in its phase, one past its time limit as ``timeout``. The result file is rewritten atomically
 after every configuration and says whether the run is complete, so an interrupted run keeps
@@ -39,10 +39,11 @@ from benchmarks.catalog.targets import (
 from benchmarks.model.memory.predict import GIB, as_run, rank_model_states
 from benchmarks.model.profile_fit import predicted_fits
 from benchmarks.results import schema
-from benchmarks.run import cluster, provenance
+from benchmarks.run import cluster
 from benchmarks.run.ceilings import INVALID, step_fault
 from benchmarks.run.configuration import run_configuration
 from benchmarks.run.job import Job
+from benchmarks.run.machine import provenance
 from benchmarks.run.model_dirs import materialise_recorded
 from benchmarks.run.multinode import run_machines, slurm_record, submit_to_slurm
 

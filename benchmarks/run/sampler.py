@@ -1,5 +1,5 @@
 """The parent's memory sampler: the RSS of a worker tree (every 20 ms and at every phase boundary; on CUDA
-also the device memory its processes hold, vLLM's included: ``benchmarks.run.nvml_gpus``), each sample
+also the device memory its processes hold, vLLM's included: ``benchmarks.run.machine.nvml_gpus``), each sample
 attributed to the step and phase its rank last reported, and the budget a tree may not pass."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from benchmarks.run import nvml_gpus
+from benchmarks.run.machine import nvml_gpus
 
 SAMPLE_INTERVAL_S = 0.02
 

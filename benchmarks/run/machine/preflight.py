@@ -1,4 +1,4 @@
-"""A machine's check before its first measurement (``python -m benchmarks.run.preflight OUT_FILE``): what
+"""A machine's check before its first measurement (``python -m benchmarks.run.machine.preflight OUT_FILE``): what
 a borrowed GPU box runs and lacks, in about 20 seconds, written to a text file beside the results, so
 that a failed run can be read against it and the next one sized from it.
 
@@ -26,7 +26,7 @@ from typing import Any
 
 from benchmarks import REPO
 from benchmarks.catalog.install_plan import classify
-from benchmarks.run import nvml_gpus, provenance
+from benchmarks.run.machine import nvml_gpus, provenance
 
 # Every distribution the harness and the reward library import (tests/test_device_scripts.py holds the list to
 # their sources), and what datasets reads Arrow with: a missing one is named here before any part starts. vLLM's

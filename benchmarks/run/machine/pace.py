@@ -31,7 +31,7 @@ from benchmarks.catalog.targets import ESTIMATE_WITHIN
 from benchmarks.model.memory.predict import DTYPE_BYTES, GIB
 from benchmarks.model.profile_fit import predicted_basis, predicted_part_s
 from benchmarks.results import schema
-from benchmarks.run.bandwidth_probe import ceiling, probe
+from benchmarks.run.machine.bandwidth_probe import ceiling, probe
 from benchmarks.run.model_dirs import is_built
 
 # Which calibration figures a part's time follows (the geometric mean of their ratios).
