@@ -35,7 +35,8 @@ from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.model import profile_fit
 from benchmarks.report import compare, figures, site, tables
 from benchmarks.results import schema
-from benchmarks.run import context, decode, grpo, worker
+from benchmarks.run import context, decode
+from benchmarks.run.grpo import timed_steps, worker
 from benchmarks.run.machine import nvml_gpus, pace, provenance
 
 RESULTS = REPO / "results" / "runs"
@@ -368,7 +369,7 @@ def run_part(
             remake = f"python -m benchmarks decode-report {shown(path)}"
             print(f"no decode table or figure here ({error}): `{remake}` makes them")
     else:
-        path = grpo.run_grpo(profile, quick, out, configuration_filter, part, deadline)
+        path = timed_steps.run_grpo(profile, quick, out, configuration_filter, part, deadline)
         summaries.grpo(path)
     return path
 

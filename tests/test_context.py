@@ -309,7 +309,7 @@ def test_a_search_is_checked_against_the_newest_earlier_search_of_the_same_setti
 
 RETAINED = """
 import ctypes, ctypes.util, sys
-from benchmarks.run.worker import fix_malloc_thresholds
+from benchmarks.run.grpo.worker import fix_malloc_thresholds
 if sys.argv[1] == "fixed":
     fix_malloc_thresholds(131072)
 libc = ctypes.CDLL(ctypes.util.find_library("c"))

@@ -19,10 +19,10 @@ from benchmarks.catalog import install_plan
 from benchmarks.catalog import profiles as profile
 from benchmarks.report import sizing
 from benchmarks.results import schema
-from benchmarks.run import configuration, grpo, worker
-from benchmarks.run.job import Job
+from benchmarks.run.grpo import configuration, timed_steps, worker
+from benchmarks.run.grpo.job import Job
+from benchmarks.run.grpo.sampler import MemorySampler
 from benchmarks.run.machine import nvml_gpus
-from benchmarks.run.sampler import MemorySampler
 
 GIB = 2**30
 
@@ -183,7 +183,7 @@ say(event="done")
 
 @pytest.fixture
 def stand_in(tmp_path):
-    """An interpreter that runs a stand-in worker instead of `python -m benchmarks.run.worker`."""
+    """An interpreter that runs a stand-in worker instead of `python -m benchmarks.run.grpo.worker`."""
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     interpreter = tmp_path / "interpreter"
@@ -216,7 +216,7 @@ def test_server_mode_on_one_gpu_is_skipped_with_the_reason(tmp_path, stand_in, m
     )
     assert record.status == "skipped" and "Duplicate GPU detected" in record.reason and "1 visible" in record.reason
     assert not (tmp_path / "seen.json").exists()  # no worker started
-    assert grpo.targets([schema.Configuration(name="server", levers={}, **vars(record))], 1.0, quick=True)[
+    assert timed_steps.targets([schema.Configuration(name="server", levers={}, **vars(record))], 1.0, quick=True)[
         0
     ].met  # the run's targets add up
 

@@ -8,8 +8,8 @@ pytest.importorskip("deepspeed")
 
 from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
 from benchmarks.model.memory.predict import rank_model_states  # noqa: E402
-from benchmarks.run import configuration, launch, multinode  # noqa: E402
-from benchmarks.run.job import Job  # noqa: E402
+from benchmarks.run.grpo import configuration, launch, multinode  # noqa: E402
+from benchmarks.run.grpo.job import Job  # noqa: E402
 from benchmarks.run.model_dirs import materialise  # noqa: E402
 
 TINY = load_shapes()["tiny"]
@@ -94,7 +94,7 @@ def test_the_accelerate_config_starts_from_trl_s_and_carries_the_levers(tmp_path
     argv, config = launch.command(levers, "bfloat16", True, place, tmp_path / "job.json", python="python")
     assert argv[:3] == ["python", "-m", "accelerate.commands.launch"] and argv[-3:] == [
         "-m",
-        "benchmarks.run.worker",
+        "benchmarks.run.grpo.worker",
         str(tmp_path / "job.json"),
     ]
     assert (config["num_processes"], config["num_machines"], config["machine_rank"]) == (8, 2, 1)
@@ -104,7 +104,7 @@ def test_the_accelerate_config_starts_from_trl_s_and_carries_the_levers(tmp_path
     assert zero["stage"] == 3 and zero["offload_optimizer"] == {"device": "cpu"}
     assert zero["stage3_param_persistence_threshold"] == 0
     one, none = launch.command(Levers(), "float32", False, place, tmp_path / "job.json", "python")
-    assert none is None and one[:3] == ["python", "-m", "benchmarks.run.worker"]
+    assert none is None and one[:3] == ["python", "-m", "benchmarks.run.grpo.worker"]
 
 
 def test_server_mode_over_many_machines_without_gpus_is_skipped_before_any_machine_starts(model_dir, tmp_path):

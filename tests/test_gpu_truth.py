@@ -12,12 +12,13 @@ from benchmarks.catalog.profiles import Levers, load, load_hardware, load_shapes
 from benchmarks.model.memory.predict import GIB, OUTSIDE_ALLOCATED
 from benchmarks.report import validation
 from benchmarks.results import schema
-from benchmarks.run import context, worker
-from benchmarks.run.configuration import summarise
-from benchmarks.run.job import Job
+from benchmarks.run import context
+from benchmarks.run.grpo import worker
+from benchmarks.run.grpo.configuration import summarise
+from benchmarks.run.grpo.job import Job
+from benchmarks.run.grpo.worker import Phases
 from benchmarks.run.machine import provenance
 from benchmarks.run.model_dirs import materialise
-from benchmarks.run.worker import Phases
 
 torch = pytest.importorskip("torch")
 

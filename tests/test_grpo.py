@@ -17,8 +17,8 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
-from benchmarks.run.configuration import run_configuration  # noqa: E402
-from benchmarks.run.job import Job  # noqa: E402
+from benchmarks.run.grpo.configuration import run_configuration  # noqa: E402
+from benchmarks.run.grpo.job import Job  # noqa: E402
 from benchmarks.run.model_dirs import materialise  # noqa: E402
 
 BASE = Levers(num_generations=4, per_device_train_batch_size=4, max_completion_length=16)
@@ -118,8 +118,8 @@ def test_a_worker_does_not_outlive_its_harness(tmp_path):
     harness = (
         "import os, threading, pathlib\n"
         "from benchmarks.catalog.levers import Levers\n"
-        "from benchmarks.run.configuration import run_configuration\n"
-        "from benchmarks.run.job import Job\n"
+        "from benchmarks.run.grpo.configuration import run_configuration\n"
+        "from benchmarks.run.grpo.job import Job\n"
         "threading.Timer(1.0, lambda: os._exit(0)).start()\n"
         "job = Job(levers=Levers(), model_dir='-', dtype='float32', prompt_words=8, warmup_steps=0, measured_steps=1)\n"
         f"run_configuration(job, None, pathlib.Path({str(tmp_path / 'w.log')!r}), python={str(interpreter)!r})\n"
@@ -141,7 +141,7 @@ def test_gradient_accumulation_runs_its_micro_batches_in_one_step(model_dirs, tm
 
 
 def test_the_progress_line_says_the_time_elapsed_and_left_at_the_pace_so_far():
-    from benchmarks.run.grpo import progress
+    from benchmarks.run.grpo.timed_steps import progress
 
     assert progress(0.0, 0, 5) == "(0:00 elapsed)"
     assert progress(150.0, 2, 5) == "(2:30 elapsed, ~3:45 left)"  # 75 s each, three to go

@@ -7,7 +7,7 @@ import pytest
 from test_levers import AWAY
 
 from benchmarks.catalog.profiles import Levers
-from benchmarks.run.job import Job
+from benchmarks.run.grpo.job import Job
 
 
 def a_job(**fields) -> Job:

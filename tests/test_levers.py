@@ -9,8 +9,8 @@ import pytest
 
 from benchmarks.catalog import profiles
 from benchmarks.catalog.profiles import GRPO_CONFIG, LAUNCHER, LEVER_KINDS, MODEL_LOADING, SERVER, TRAINER, Levers
-from benchmarks.run import launch, trainer, worker
-from benchmarks.run.job import Job
+from benchmarks.run.grpo import launch, trainer, worker
+from benchmarks.run.grpo.job import Job
 from benchmarks.run.model_dirs import materialise
 
 # Every lever away from its default, each to a value the checks on load accept together.

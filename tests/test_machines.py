@@ -21,7 +21,7 @@ from benchmarks.catalog import install_plan
 from benchmarks.catalog.profiles import configurations, load, load_hardware, load_shapes
 from benchmarks.model.memory.predict import as_run
 from benchmarks.model.profile_fit import predicted_fits
-from benchmarks.run.grpo import unified_over_cap
+from benchmarks.run.grpo.timed_steps import unified_over_cap
 from benchmarks.run.machine import nvml_gpus, pace
 
 RECORDED = install_plan.load_machines()

@@ -67,7 +67,7 @@ def test_lora_against_full_activations_agrees_with_what_autograd_keeps(name, dty
 
 PEAK_RSS = """
 import resource
-from benchmarks.run.worker import fix_malloc_thresholds
+from benchmarks.run.grpo.worker import fix_malloc_thresholds
 fix_malloc_thresholds(131072)  # large blocks mmapped and given back when freed: the RSS follows live tensors
 
 

@@ -14,8 +14,8 @@ from benchmarks.model import guide, search
 from benchmarks.model.memory.predict import GIB
 from benchmarks.report import sizing
 from benchmarks.results.records import readable
-from benchmarks.run.channel import RankReports
-from benchmarks.run.configuration import silent_ending
+from benchmarks.run.grpo.channel import RankReports
+from benchmarks.run.grpo.configuration import silent_ending
 
 HARDWARE = load_hardware()
 

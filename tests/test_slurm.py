@@ -16,8 +16,8 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("submitit")
 
 from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
-from benchmarks.run import multinode  # noqa: E402
-from benchmarks.run.job import Job  # noqa: E402
+from benchmarks.run.grpo import multinode  # noqa: E402
+from benchmarks.run.grpo.job import Job  # noqa: E402
 from benchmarks.run.model_dirs import materialise  # noqa: E402
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sinfo", "sbatch")

@@ -8,8 +8,8 @@ import pytest
 
 from benchmarks import cli
 from benchmarks.catalog import profiles
-from benchmarks.run import trainer, worker
-from benchmarks.run.job import Job
+from benchmarks.run.grpo import trainer, worker
+from benchmarks.run.grpo.job import Job
 
 
 def job(**levers) -> Job:

@@ -14,7 +14,7 @@ from benchmarks import REPO
 from benchmarks.catalog.profiles import load, load_hardware, load_shapes
 from benchmarks.report import frames, tables, validation
 from benchmarks.results import schema
-from benchmarks.run import configuration, grpo
+from benchmarks.run.grpo import configuration, timed_steps
 
 psutil = pytest.importorskip("psutil")
 
@@ -68,10 +68,10 @@ def test_a_grpo_file_cut_in_its_third_configuration_keeps_two_citable_ones(monke
             raise schema.Stopped("signal SIGTERM")
         return finished_configuration(job, budget, log)
 
-    monkeypatch.setattr(grpo, "materialise_recorded", lambda name, dtype, weights, built: tmp_path)
-    monkeypatch.setattr(grpo, "run_configuration", cut_in_the_third)
+    monkeypatch.setattr(timed_steps, "materialise_recorded", lambda name, dtype, weights, built: tmp_path)
+    monkeypatch.setattr(timed_steps, "run_configuration", cut_in_the_third)
     with pytest.raises(schema.Stopped):
-        grpo.run_grpo(load("cpu"), False, tmp_path / "runs")
+        timed_steps.run_grpo(load("cpu"), False, tmp_path / "runs")
 
     results = schema.load_results(tmp_path / "runs")
     [result] = results

@@ -6,7 +6,7 @@ optimizer) stays within the budget, until the first failing length is within ``r
 last passing one: ``guided_search`` (the next length where the measured peaks and the analytic model
 say the budget ends); ``search`` (doubling from ``start_tokens``, then bisection) is the model's
 own search and the guided one's reference. Every probe is a fresh
-worker process (``benchmarks.run.worker``, run by the contender's interpreter) and is recorded.
+worker process (``benchmarks.run.grpo.worker``, run by the contender's interpreter) and is recorded.
 The budget is the peak RSS of the worker tree on CPU (the parent's sampler stops a tree above
 it) and ``torch.cuda.set_per_process_memory_fraction`` on CUDA.
 
@@ -29,10 +29,10 @@ from benchmarks.catalog.profiles import ContextBench, Hardware, Levers, Profile,
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.memory.predict import GIB, Workload, estimate
 from benchmarks.results import schema
-from benchmarks.run.configuration import run_configuration
 from benchmarks.run.context_search import ProbeFailed, bracket, search
 from benchmarks.run.context_verdict import ratios, search_targets, verdict
-from benchmarks.run.job import Job
+from benchmarks.run.grpo.configuration import run_configuration
+from benchmarks.run.grpo.job import Job
 from benchmarks.run.machine import provenance
 from benchmarks.run.model_dirs import materialise
 

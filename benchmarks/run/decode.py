@@ -33,7 +33,7 @@ from benchmarks.model.memory.decode_bytes import decode_step_bytes, projections,
 from benchmarks.model.memory.predict import DTYPE_BYTES
 from benchmarks.results import schema
 from benchmarks.run.ceilings import INVALID, decode_fault
-from benchmarks.run.configuration import VLLM_CPU_ENV
+from benchmarks.run.grpo.configuration import VLLM_CPU_ENV
 from benchmarks.run.machine import nvml_gpus, provenance
 from benchmarks.run.machine.bandwidth_probe import ceiling as ceiling_of
 from benchmarks.run.machine.bandwidth_probe import probe

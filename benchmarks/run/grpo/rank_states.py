@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.catalog.levers import Levers
-from benchmarks.run.phases import RANK
+from benchmarks.run.grpo.phases import RANK
 
 
 def tensor_bytes(tensors: Any) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.results import schema
-from benchmarks.run.sampler import MemorySampler
+from benchmarks.run.grpo.sampler import MemorySampler
 
 
 class Channel:

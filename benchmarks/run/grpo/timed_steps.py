@@ -39,13 +39,13 @@ from benchmarks.catalog.targets import (
 from benchmarks.model.memory.predict import GIB, as_run, rank_model_states
 from benchmarks.model.profile_fit import predicted_fits
 from benchmarks.results import schema
-from benchmarks.run import cluster
 from benchmarks.run.ceilings import INVALID, step_fault
-from benchmarks.run.configuration import run_configuration
-from benchmarks.run.job import Job
+from benchmarks.run.grpo import cluster
+from benchmarks.run.grpo.configuration import run_configuration
+from benchmarks.run.grpo.job import Job
+from benchmarks.run.grpo.multinode import run_machines, slurm_record, submit_to_slurm
 from benchmarks.run.machine import provenance
 from benchmarks.run.model_dirs import materialise_recorded
-from benchmarks.run.multinode import run_machines, slurm_record, submit_to_slurm
 
 
 def run_grpo(

@@ -1,4 +1,4 @@
-"""One GRPO configuration, one rank of it per process: ``python -m benchmarks.run.worker JOB.json``,
+"""One GRPO configuration, one rank of it per process: ``python -m benchmarks.run.grpo.worker JOB.json``,
 or under ``accelerate launch`` for many ranks (every rank runs this module).
 
 The worker builds the policy (full, LoRA or QLoRA), a ``GRPOTrainer`` with the job's levers
@@ -57,10 +57,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
-from benchmarks.run.job import Job
-from benchmarks.run.phases import LOCAL_RANK, RANK, Phases, send
-from benchmarks.run.rank_states import RanLessThanAsked
-from benchmarks.run.trainer import build_trainer
+from benchmarks.run.grpo.job import Job
+from benchmarks.run.grpo.phases import LOCAL_RANK, RANK, Phases, send
+from benchmarks.run.grpo.rank_states import RanLessThanAsked
+from benchmarks.run.grpo.trainer import build_trainer
 from rewards.sandbox import default_sandbox
 
 SERVER_NEEDS_CUDA = "TRL syncs weights to a vLLM server only over CUDA (trl/generation/vllm_client.py)"

@@ -23,12 +23,12 @@ from benchmarks import REPO
 from benchmarks.catalog.profiles import Levers
 from benchmarks.model.memory.predict import GIB
 from benchmarks.results import schema
-from benchmarks.run import launch
-from benchmarks.run.channel import Channel, RankReports, free_port, listen
-from benchmarks.run.job import Job
+from benchmarks.run.grpo import launch
+from benchmarks.run.grpo.channel import Channel, RankReports, free_port, listen
+from benchmarks.run.grpo.job import Job
+from benchmarks.run.grpo.sampler import MemorySampler
+from benchmarks.run.grpo.worker import ENGINE_CANNOT_START
 from benchmarks.run.machine import nvml_gpus
-from benchmarks.run.sampler import MemorySampler
-from benchmarks.run.worker import ENGINE_CANNOT_START
 
 # vLLM on CPU, in the worker's process: engine in-process (its memory is the worker's RSS,
 # counted once), a 1 GiB KV cache, OpenMP on every core.

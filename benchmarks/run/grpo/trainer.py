@@ -12,10 +12,10 @@ from typing import Any
 
 from benchmarks.catalog.profiles import GRPO_CONFIG
 from benchmarks.rewardbench.reward_inputs import ADD_TESTS, ANSWER_SCHEMA, GOLD
-from benchmarks.run.job import Job
+from benchmarks.run.grpo.job import Job
+from benchmarks.run.grpo.phases import LOCAL_RANK, Phases, send
+from benchmarks.run.grpo.rank_states import distribution, full_numel, model_states, optimizer_state_bytes, tensor_bytes
 from benchmarks.run.model_dirs import build_on_device, word
-from benchmarks.run.phases import LOCAL_RANK, Phases, send
-from benchmarks.run.rank_states import distribution, full_numel, model_states, optimizer_state_bytes, tensor_bytes
 from rewards import TestExecutionReward, correctness_reward, format_reward, schema_reward
 
 

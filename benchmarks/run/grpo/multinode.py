@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.results import schema
-from benchmarks.run import cluster, launch
-from benchmarks.run.channel import free_port
-from benchmarks.run.configuration import (
+from benchmarks.run.grpo import cluster, launch
+from benchmarks.run.grpo.channel import free_port
+from benchmarks.run.grpo.configuration import (
     die_with_parent,
     merged_steps,
     run_configuration,
     skipped,
     summarise,
 )
-from benchmarks.run.job import Job
-from benchmarks.run.worker import SERVER_NEEDS_CUDA, server_command
+from benchmarks.run.grpo.job import Job
+from benchmarks.run.grpo.worker import SERVER_NEEDS_CUDA, server_command
 
 
 def run_machines(

@@ -125,7 +125,7 @@ def command(
 ) -> tuple[list[str], dict[str, Any] | None]:
     """The command line that starts every rank of this machine, and the accelerate config it uses
     (None: one process, no launcher). Configs are written beside ``job_path``."""
-    worker = ["-m", "benchmarks.run.worker", str(job_path)]
+    worker = ["-m", "benchmarks.run.grpo.worker", str(job_path)]
     if levers.distributed_type == "no":
         return [python, *worker], None
     deepspeed_file = None
