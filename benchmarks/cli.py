@@ -35,9 +35,10 @@ from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.model import profile_fit
 from benchmarks.report import compare, figures, site, tables
 from benchmarks.results import schema
-from benchmarks.run import context, decode
+from benchmarks.run.decode import sweep
 from benchmarks.run.grpo import timed_steps, worker
 from benchmarks.run.machine import nvml_gpus, pace, provenance
+from benchmarks.run.max_context import contender_runs
 
 RESULTS = REPO / "results" / "runs"
 
@@ -202,7 +203,7 @@ def run_context_command(parser: argparse.ArgumentParser, args: argparse.Namespac
         if name not in CONTENDERS or not interpreter:
             parser.error(f"--python {item!r}: expected NAME=INTERPRETER with NAME one of {', '.join(CONTENDERS)}")
         pythons[name] = interpreter
-    path = context.run_context(profile, pythons, args.out, overrides, args.quick)
+    path = contender_runs.run_context(profile, pythons, args.out, overrides, args.quick)
     summaries.context(path)
     print(f"\nwrote {shown(path)}")
     return 0
@@ -360,7 +361,7 @@ def run_part(
         path = run_rewards(profile, quick, out)
         summaries.rewards(path)
     elif part == "decode":
-        path = decode.run_decode(profile, quick, out)
+        path = sweep.run_decode(profile, quick, out)
         try:  # tabulate and matplotlib: a GPU box may lack them, and the result file stands alone
             summaries.decode(path)
             for made in figures.write_decode_report(path):

@@ -12,8 +12,8 @@ from benchmarks.model.memory.predict import GIB
 from benchmarks.report import figures, tables, validation
 from benchmarks.results import schema
 from benchmarks.results.records import readable
-from benchmarks.run.context_verdict import RATIO_KINDS
 from benchmarks.run.machine.bandwidth_probe import ARRAYS_TOUCHED
+from benchmarks.run.max_context.verdict import RATIO_KINDS
 
 
 def rewards(path: Path) -> None:

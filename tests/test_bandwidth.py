@@ -71,7 +71,7 @@ def test_weight_bound_decode_never_beats_the_measured_ceiling(capsys):
     import json
 
     pytest.importorskip("transformers")
-    from benchmarks.run import decode
+    from benchmarks.run.decode import sweep
     from benchmarks.run.model_dirs import materialise
 
     shape = load_shapes()["0.5b"]  # 1.98 GB of fp32 weights: far past this machine's 300 MiB L3
@@ -85,7 +85,7 @@ def test_weight_bound_decode_never_beats_the_measured_ceiling(capsys):
         "repeats": 2,
     }
     best = ceiling(probe(array_bytes=1 << 30, repeats=5))
-    decode.measure(job, shape, decode.transformers_engine(job))
+    sweep.measure(job, shape, sweep.transformers_engine(job))
     row = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert row["bytes_per_step"] == pytest.approx(shape.param_count() * 4, rel=0.01)  # weight-dominated
     assert 0 < row["achieved_gb_s"] <= best["max_gb_s"]  # the ceiling's median plus its spread
@@ -179,7 +179,7 @@ def test_an_fp8_kv_cache_halves_the_cache_bytes_and_leaves_the_weights():
 
 def test_the_graphs_engine_makes_one_static_cache_per_point_and_resets_it_before_each_call(monkeypatch, capsys):
     transformers = pytest.importorskip("transformers")
-    from benchmarks.run import decode
+    from benchmarks.run.decode import sweep
     from benchmarks.run.model_dirs import materialise
 
     made, resets = [], []
@@ -197,7 +197,7 @@ def test_the_graphs_engine_makes_one_static_cache_per_point_and_resets_it_before
     shape = load_shapes()["tiny"]
     job = {"engine": "transformers-graphs", "dtype": "float32", "model_dir": str(materialise(shape)), "new_tokens": 4}
     job |= {"repeats": 2, "points": [(1, 16), (2, 16)]}
-    decode.measure(job, shape, decode.transformers_engine(job))
+    sweep.measure(job, shape, sweep.transformers_engine(job))
     assert made == [16 + 4 + 1, 16 + 4 + 1]  # one a point, at its longest call, never one a call
     calls = 1 + 2 * 2  # the warm-up, then a one-token call and a full one per repeat
     assert len(resets) == 2 * calls and len(set(map(id, resets))) == 2
@@ -235,7 +235,7 @@ def test_the_decode_figure_draws_its_own_class_s_spec_and_band_only(hardware, tm
 def test_a_graphs_row_never_compiled_or_run_without_graphs_says_it_ran_eager(monkeypatch, capsys):
     torch = pytest.importorskip("torch")
     from benchmarks.results import schema
-    from benchmarks.run import decode
+    from benchmarks.run.decode import sweep
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU: the row claims CUDA graphs
 
@@ -248,11 +248,11 @@ def test_a_graphs_row_never_compiled_or_run_without_graphs_says_it_ran_eager(mon
         generate.compiled = lambda compiled=compiled: compiled
         counted = iter((5, 5 + skips))  # inductor's cudagraph_skips counter, before and after the warm-up
         generate.graph_skips = lambda counted=counted: next(counted)
-        decode.measure(job, load_shapes()["tiny"], generate)
+        sweep.measure(job, load_shapes()["tiny"], generate)
         rows[compiled, skips] = json.loads(capsys.readouterr().out.splitlines()[-1])["execution"]
-    assert rows[True, 0] == decode.execution("transformers-graphs", True) and "CUDA graphs" in rows[True, 0]
-    assert rows[False, 0] == decode.NOT_COMPILED  # checked, not assumed
-    assert rows[True, 2] == decode.GRAPHS_SKIPPED  # compiled, yet run without graphs: observed
+    assert rows[True, 0] == sweep.execution("transformers-graphs", True) and "CUDA graphs" in rows[True, 0]
+    assert rows[False, 0] == sweep.NOT_COMPILED  # checked, not assumed
+    assert rows[True, 2] == sweep.GRAPHS_SKIPPED  # compiled, yet run without graphs: observed
     for eager in (rows[False, 0], rows[True, 2]):
         assert schema.DecodePoint(engine="transformers-graphs", status="ok", execution=eager).launch_bound
 
@@ -260,7 +260,7 @@ def test_a_graphs_row_never_compiled_or_run_without_graphs_says_it_ran_eager(mon
 def impossible_rows(shape):
     """As the H200 rehearsal's batch-1 row: its 9-token calls (0.112 s) faster than its 1-token calls (0.184 s);
     and a row whose decode moved more bytes a second than the H200's datasheet allows."""
-    from benchmarks.run.decode import step_bytes
+    from benchmarks.run.decode.sweep import step_bytes
 
     base = {"engine": "transformers", "context": 128, "new_tokens": 8, "repeats": 3, "execution": "eager"}
     rows = []
@@ -279,11 +279,11 @@ def test_a_decode_row_beyond_physics_is_invalid_in_its_file_and_absent_from_ever
     from benchmarks.catalog.profiles import load_hardware
     from benchmarks.report import claims, tables
     from benchmarks.results import schema
-    from benchmarks.run import decode
+    from benchmarks.run.decode import sweep
 
     shape = load_shapes()["8b"]
     rate = schema.BestKernel(kernel="copy", median_gb_s=4000.0, min_gb_s=3900.0, max_gb_s=4100.0, bytes_per_pass=1)
-    made = [decode._row(row, rate, load_hardware()["h200"], shape) for row in impossible_rows(shape)]
+    made = [sweep._row(row, rate, load_hardware()["h200"], shape) for row in impossible_rows(shape)]
     assert [row.status for row in made] == ["invalid", "invalid"]
     assert made[0].reason.startswith("decode time not positive: the 9-token calls' median (0.112 s)")
     assert "above the datasheet's 4800 GB/s: beyond physics" in made[1].reason
@@ -312,18 +312,18 @@ def test_an_engine_pinned_to_its_gpu_and_stuck_past_its_limit_is_stopped_with_an
     import time
 
     from benchmarks.catalog.profiles import load_hardware
-    from benchmarks.run import decode
+    from benchmarks.run.decode import sweep
 
     child = tmp_path / "child.pid"  # as vLLM's engine core: a process of the worker's own
     stuck = (
         "import os, subprocess, time; p = subprocess.Popen(['sleep', '60']); "
         f"open({str(child)!r}, 'w').write(str(p.pid) + ' ' + os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(60)"
     )
-    monkeypatch.setattr(decode, "WORKER", [sys.executable, "-c", stuck])
+    monkeypatch.setattr(sweep, "WORKER", [sys.executable, "-c", stuck])
     started = time.monotonic()
     pinned = {"CUDA_VISIBLE_DEVICES": "GPU-00000001-fake"}  # the GPU the part's file names
     hardware, shape = load_hardware()["cpu"], load_shapes()["tiny"]
-    rows = list(decode._engine_rows({"engine": "vllm"}, None, hardware, shape, 2.0, pinned))
+    rows = list(sweep._engine_rows({"engine": "vllm"}, None, hardware, shape, 2.0, pinned))
     assert time.monotonic() - started < 20
     assert [(r.status, r.reason) for r in rows] == [
         ("error", "stopped at the engine's limit of 2 s (engine_limit_s) after 0 point(s)")

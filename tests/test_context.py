@@ -13,14 +13,14 @@ from benchmarks.catalog.profiles import load, load_hardware, load_shapes
 from benchmarks.cli import RESULTS, main
 from benchmarks.model.memory.predict import GIB, Workload, estimate
 from benchmarks.results import schema
-from benchmarks.run import context, context_search
+from benchmarks.run.max_context import bisection, contender_runs
 
 
 def searched(name, settings, model_dir, logs, saves=None):
     """One contender's search on this CPU by this interpreter, as ``run_context`` runs it."""
-    entry = context.new_entry(name, cuda=False)
+    entry = contender_runs.new_entry(name, cuda=False)
     save = (lambda: saves.append(len(entry.probes))) if saves is not None else (lambda: None)
-    context.run_contender(entry, sys.executable, settings, model_dir, load_hardware()["cpu"], False, logs, save)
+    contender_runs.run_contender(entry, sys.executable, settings, model_dir, load_hardware()["cpu"], False, logs, save)
     return entry
 
 
@@ -37,7 +37,7 @@ def counted(threshold):
 @pytest.mark.parametrize("threshold", [16, 100, 777, 1000, 5000])
 def test_search_brackets_the_threshold_within_the_resolution(threshold):
     fits, probed = counted(threshold)
-    passed, failed = context.search(fits, start=64, ceiling=8192, resolution=0.125, granule=16)
+    passed, failed = contender_runs.search(fits, start=64, ceiling=8192, resolution=0.125, granule=16)
     assert passed <= threshold < failed
     assert failed - passed <= max(16, passed * 0.125)
     assert passed in probed and failed in probed and all(length % 16 == 0 for length in probed)
@@ -46,15 +46,18 @@ def test_search_brackets_the_threshold_within_the_resolution(threshold):
 
 def test_search_doubles_then_bisects():
     fits, probed = counted(300)
-    context.search(fits, start=64, ceiling=8192, resolution=0.125, granule=16)
+    contender_runs.search(fits, start=64, ceiling=8192, resolution=0.125, granule=16)
     assert probed[:4] == [64, 128, 256, 512]
     assert all(256 < length < 512 for length in probed[4:])
 
 
 def test_search_reports_a_fitting_ceiling_and_nothing_fitting():
-    assert context.search(counted(10**6)[0], start=64, ceiling=1024, resolution=0.125, granule=16) == (1024, None)
+    assert contender_runs.search(counted(10**6)[0], start=64, ceiling=1024, resolution=0.125, granule=16) == (
+        1024,
+        None,
+    )
     fits, probed = counted(0)
-    assert context.search(fits, start=64, ceiling=1024, resolution=0.125, granule=16) == (None, 16)
+    assert contender_runs.search(fits, start=64, ceiling=1024, resolution=0.125, granule=16) == (None, 16)
     assert probed == [64, 32, 16]
 
 
@@ -78,13 +81,13 @@ def test_the_guided_search_finds_the_full_search_s_bracket(threshold, model_erro
     def modelled(length):  # the fixed part off by 10%, the growth by model_error
         return 0.9 * 10**9 + (1 + model_error) * 10**6 * length
 
-    passed, failed = context_search.guided_search(probe, modelled, budget, 64, 8192, 0.125, 16)
+    passed, failed = bisection.guided_search(probe, modelled, budget, 64, 8192, 0.125, 16)
     assert passed <= threshold < failed and failed - passed <= max(16, passed * 0.125)
     assert len(probed) == len(set(probed)) and all(length % 16 == 0 for length in probed)
-    full = context.search(counted(threshold)[0], start=64, ceiling=8192, resolution=0.125, granule=16)
+    full = contender_runs.search(counted(threshold)[0], start=64, ceiling=8192, resolution=0.125, granule=16)
     assert abs(passed - full[0]) <= max(16, full[0] * 0.125)  # the full search's maximum, within one step
     full_probes = counted(threshold)
-    context.search(full_probes[0], start=64, ceiling=8192, resolution=0.125, granule=16)
+    contender_runs.search(full_probes[0], start=64, ceiling=8192, resolution=0.125, granule=16)
     assert len(probed) <= len(full_probes[1])
     if abs(model_error) <= 0.05:  # a model right within the resolution: the first probe and three more
         assert len(probed) <= 4
@@ -92,10 +95,10 @@ def test_the_guided_search_finds_the_full_search_s_bracket(threshold, model_erro
 
 def test_the_guided_search_halves_where_nothing_fits_and_stops_at_a_fitting_ceiling():
     probe, probed, budget = linear_probe(0)
-    assert context_search.guided_search(probe, lambda n: n, budget, 64, 1024, 0.125, 16) == (None, 16)
+    assert bisection.guided_search(probe, lambda n: n, budget, 64, 1024, 0.125, 16) == (None, 16)
     assert probed == [64, 32, 16]
     probe, probed, budget = linear_probe(10**6)
-    assert context_search.guided_search(probe, lambda n: 0, budget, 64, 1024, 0.125, 16) == (1024, None)
+    assert bisection.guided_search(probe, lambda n: 0, budget, 64, 1024, 0.125, 16) == (1024, None)
     assert probed == [64, 1024]
 
 
@@ -150,7 +153,7 @@ def test_on_the_committed_searches_the_guided_search_finds_the_same_maxima(file,
     assert len(measured) == 3
     for contender in measured:
         probe, probed = committed_stack(contender)
-        levers = context.contender_levers(contender.name, settings)
+        levers = contender_runs.contender_levers(contender.name, settings)
 
         def modelled(length, levers=levers, path=contender.logits_path):
             work = Workload.from_levers(levers, settings.prompt_words, length)
@@ -158,7 +161,7 @@ def test_on_the_committed_searches_the_guided_search_finds_the_same_maxima(file,
 
         budget = int(settings.budget_gib * GIB)
         args = (settings.start_tokens, settings.max_tokens, settings.resolution, settings.granule)
-        passed, failed = context_search.guided_search(probe, modelled, budget, *args)
+        passed, failed = bisection.guided_search(probe, modelled, budget, *args)
         best = contender.max_completion_tokens
         assert passed <= best < failed and failed <= max(passed + 16, passed * 1.125), contender.name
         assert len(probed) == len(set(probed)) and len(probed) <= most_probes, (contender.name, probed)
@@ -170,17 +173,17 @@ def test_the_analytic_model_orders_the_loss_paths_as_their_logits_terms():
     settings = load("h200").context
     shape, hardware = load_shapes()[settings.shape], load_hardware()["h200"]
     longest = {
-        path: context.predicted_max(shape, settings, settings.levers, hardware, path)
+        path: contender_runs.predicted_max(shape, settings, settings.levers, hardware, path)
         for path in ("materialised", "trl-tiled", "row-chunked")
     }
     # at the search's granule of 64 tokens the two chunked paths may tie; at one length their peaks do not
     assert longest["materialised"] < longest["trl-tiled"] <= longest["row-chunked"]
     peaks = [
-        context.budgeted_peak(shape, settings, settings.levers, hardware, path, longest["trl-tiled"])
+        contender_runs.budgeted_peak(shape, settings, settings.levers, hardware, path, longest["trl-tiled"])
         for path in ("materialised", "trl-tiled", "row-chunked")
     ]
     assert peaks[0] > peaks[1] > peaks[2]
-    share = context.logits_share(settings, hardware, longest["materialised"], "materialised")
+    share = contender_runs.logits_share(settings, hardware, longest["materialised"], "materialised")
     assert share.logits_bytes == share.terms["logits"] > 0.3 * share.rest_bytes
 
 
@@ -200,20 +203,20 @@ def entry(name, best, at_ceiling=False, predicted=None):
 
 def test_ratios_and_verdict_quote_the_claim_and_follow_the_numbers():
     contenders = [entry("trl-1.14.2", 100), entry("trl-1.16", 400), entry("unsloth-2026.10.9", 800, predicted=600)]
-    table = context.ratios(contenders)
+    table = contender_runs.ratios(contenders)
     assert table["unsloth-2026.10.9"]["measured_vs_trl-1.14.2"] == 8.0
     assert table["unsloth-2026.10.9"]["predicted_vs_trl-1.14.2"] == 6.0
     assert table["unsloth-2026.10.9"]["measured_vs_trl-1.16"] == 2.0
-    said = context.verdict(contenders, table, cuda=False)
+    said = contender_runs.verdict(contenders, table, cuda=False)
     assert "7x" in said.seed_claim and "12x" in said.unsloth_claim
     assert "holds here" in said.text and "CPU backend" in said.text
 
     contenders[2] = entry("unsloth-2026.10.9", 300)
-    said = context.verdict(contenders, context.ratios(contenders), cuda=False)
+    said = contender_runs.verdict(contenders, contender_runs.ratios(contenders), cuda=False)
     assert "3.0x" in said.text and "not reproduced" in said.text
 
     contenders[2] = entry("unsloth-2026.10.9", 900, at_ceiling=True)
-    assert "lower bound" in context.verdict(contenders, context.ratios(contenders), cuda=True).text
+    assert "lower bound" in contender_runs.verdict(contenders, contender_runs.ratios(contenders), cuda=True).text
 
 
 def test_a_contender_that_needs_cuda_is_skipped_with_the_reason(tmp_path):
@@ -271,15 +274,17 @@ def test_a_budget_below_the_runtime_fits_nothing_and_every_probe_says_where(tiny
 
 def test_a_search_is_checked_against_the_newest_earlier_search_of_the_same_settings(committed_results):
     settings = load("cpu-full").context
-    earlier = context.earlier_search(committed_results, "cpu", settings)
+    earlier = contender_runs.earlier_search(committed_results, "cpu", settings)
     assert earlier.file == "cpu/20261130T095535Z-context.json"
     assert {name: c["max_completion_tokens"] for name, c in earlier.contenders.items()} == {
         "trl-1.14.2": 160,
         "trl-1.16": 256,
         "unsloth-2026.10.9": 512,
     }
-    assert context.earlier_search(committed_results, "cpu", dataclasses.replace(settings, budget_gib=6.0)) is None
-    assert context.earlier_search(committed_results, "h200", settings) is None
+    assert (
+        contender_runs.earlier_search(committed_results, "cpu", dataclasses.replace(settings, budget_gib=6.0)) is None
+    )
+    assert contender_runs.earlier_search(committed_results, "h200", settings) is None
 
     def run(name, best, probes):
         probe = schema.Probe(
@@ -296,14 +301,14 @@ def test_a_search_is_checked_against_the_newest_earlier_search_of_the_same_setti
             max_completion_tokens=best,
         )  # fmt: skip
 
-    took, probes, agree = context.search_targets(
+    took, probes, agree = contender_runs.search_targets(
         [run("trl-1.14.2", 176, 3), run("trl-1.16", 256, 5)], earlier, settings, 600.0
     )
     assert took.met and probes.measured == 5 and probes.met is False
     assert agree.measured == pytest.approx(0.8) and agree.met and earlier.file in agree.claim  # 16 of 20 tokens
-    *_, apart = context.search_targets([run("trl-1.14.2", 208, 3)], earlier, settings, 600.0)
+    *_, apart = contender_runs.search_targets([run("trl-1.14.2", 208, 3)], earlier, settings, 600.0)
     assert apart.measured == pytest.approx(2.4) and apart.met is False
-    *_, unmeasured = context.search_targets([run("trl-1.16", 256, 3)], None, settings, 600.0)
+    *_, unmeasured = contender_runs.search_targets([run("trl-1.16", 256, 3)], None, settings, 600.0)
     assert unmeasured.met is None and "none here" in unmeasured.claim
 
 

@@ -12,12 +12,12 @@ from benchmarks.catalog.profiles import Levers, load, load_hardware, load_shapes
 from benchmarks.model.memory.predict import GIB, OUTSIDE_ALLOCATED
 from benchmarks.report import validation
 from benchmarks.results import schema
-from benchmarks.run import context
 from benchmarks.run.grpo import worker
 from benchmarks.run.grpo.configuration import summarise
 from benchmarks.run.grpo.job import Job
 from benchmarks.run.grpo.worker import Phases
 from benchmarks.run.machine import provenance
+from benchmarks.run.max_context import contender_runs
 from benchmarks.run.model_dirs import materialise
 
 torch = pytest.importorskip("torch")
@@ -145,16 +145,16 @@ def stand_in_probe(jobs, fits_up_to):
 def test_every_cuda_contender_runs_under_the_same_allocator_settings(monkeypatch, tmp_path):
     jobs = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(context, "materialise", lambda shape, dtype: tmp_path)
-    monkeypatch.setattr(context, "run_configuration", stand_in_probe(jobs, fits_up_to=1024))
+    monkeypatch.setattr(contender_runs, "materialise", lambda shape, dtype: tmp_path)
+    monkeypatch.setattr(contender_runs, "run_configuration", stand_in_probe(jobs, fits_up_to=1024))
     profile = load("h200")
     pythons = {name: "python3" for name in profile.context.contenders}
-    path = context.run_context(profile, pythons, tmp_path, {"warmup_probe": False})
+    path = contender_runs.run_context(profile, pythons, tmp_path, {"warmup_probe": False})
 
     run = schema.read_result(path, path.name).record
     assert {job.stack for job in jobs} == {"trl", "unsloth"} and len(run.contenders) == 4
-    assert {job.allocator_conf for job in jobs} == {context.CUDA_ALLOC_CONF}
-    assert context.CUDA_ALLOC_CONF in run.search.allocator_conf
+    assert {job.allocator_conf for job in jobs} == {contender_runs.CUDA_ALLOC_CONF}
+    assert contender_runs.CUDA_ALLOC_CONF in run.search.allocator_conf
     assert "CUDA context lies outside" in run.search.budget_enforced_by
     failed = [p for c in run.contenders for p in c.probes if not p.fits]
     assert failed and all(p.peak_bytes == int(2.99 * GIB) for p in failed)  # the device figure, not RSS
@@ -171,12 +171,12 @@ def test_a_cut_context_search_keeps_every_probe_that_ended(monkeypatch, tmp_path
         return probe(job, *args, **kwargs)
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(context, "materialise", lambda shape, dtype: tmp_path)
-    monkeypatch.setattr(context, "run_configuration", cut_in_the_third_contender)
+    monkeypatch.setattr(contender_runs, "materialise", lambda shape, dtype: tmp_path)
+    monkeypatch.setattr(contender_runs, "run_configuration", cut_in_the_third_contender)
     profile = load("h200")
     order = ("trl-1.14.2", "unsloth-2026.10.9", "trl-1.16-liger", "trl-1.16")
     with pytest.raises(schema.Stopped):
-        context.run_context(profile, dict.fromkeys(order, "python3"), tmp_path, {"contenders": order})
+        contender_runs.run_context(profile, dict.fromkeys(order, "python3"), tmp_path, {"contenders": order})
 
     [path] = (tmp_path / "h200").glob("*-context.json")
     run = schema.read_result(path, path.name).record

@@ -45,7 +45,12 @@ def test_a_harness_module_that_imports_what_the_image_lacks_fails_under_the_guar
 
 
 def test_the_harness_imports_under_the_guard():
-    modules = ["benchmarks.cli", "benchmarks.run.grpo.worker", "benchmarks.run.decode", "benchmarks.run.context"]
+    modules = [
+        "benchmarks.cli",
+        "benchmarks.run.grpo.worker",
+        "benchmarks.run.decode.sweep",
+        "benchmarks.run.max_context.contender_runs",
+    ]
     modules += ["benchmarks.run.machine.preflight", "rewards"]
     done = under_guard("\n".join(f"import {m}" for m in modules))
     assert done.returncode == 0, done.stderr[-3000:]

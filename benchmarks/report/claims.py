@@ -30,7 +30,7 @@ from benchmarks.report.sizing import (
 )
 from benchmarks.results.records import readable
 from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile
-from benchmarks.run.context_verdict import claim_holds
+from benchmarks.run.max_context.verdict import claim_holds
 
 GUIDE = "A GRPO sizing guide (last verified 2026-07-13)"  # the document the claims come from (docs/claims.md)
 HOLDS, FAILS = "measured here: holds", "measured here: does not hold"

@@ -11,7 +11,7 @@ from benchmarks.model.memory.decode_bytes import decode_step_bytes, experts_read
 from benchmarks.model.memory.predict import GIB, NF4_BYTES_PER_PARAM
 from benchmarks.report import frames, time_tables
 from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile, RolloutShape
-from benchmarks.run import context
+from benchmarks.run.max_context import contender_runs
 
 
 def decode_table(results: list[Result]) -> str:
@@ -131,7 +131,7 @@ def context_table(results: list[Result]) -> str:
     lines = []
     for result in found:
         search = result.record.search
-        ratios = context.ratios(result.record.contenders)  # made again from the probes, as the verdict below
+        ratios = contender_runs.ratios(result.record.contenders)  # made again from the probes, as the verdict below
         rows = []
         for entry in frames.contenders(result.record).itertuples():
             row = ratios.get(entry.name, {})
@@ -163,7 +163,7 @@ def context_table(results: list[Result]) -> str:
             "",
             frames.markdown(pd.DataFrame(rows, columns=header), numeric=tuple(header[2:])),
             "",
-            f"Verdict: {context.verdict(result.record.contenders, ratios, cuda).text}",
+            f"Verdict: {contender_runs.verdict(result.record.contenders, ratios, cuda).text}",
             "",
         ]
     return "\n".join(lines) + "\n"

@@ -29,11 +29,11 @@ from benchmarks.catalog.profiles import ContextBench, Hardware, Levers, Profile,
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.memory.predict import GIB, Workload, estimate
 from benchmarks.results import schema
-from benchmarks.run.context_search import ProbeFailed, bracket, search
-from benchmarks.run.context_verdict import ratios, search_targets, verdict
 from benchmarks.run.grpo.configuration import run_configuration
 from benchmarks.run.grpo.job import Job
 from benchmarks.run.machine import provenance
+from benchmarks.run.max_context.bisection import ProbeFailed, bracket, search
+from benchmarks.run.max_context.verdict import ratios, search_targets, verdict
 from benchmarks.run.model_dirs import materialise
 
 SEARCHED = {

@@ -1,4 +1,4 @@
-"""Decode speed and achieved bandwidth, one engine per process: ``python -m benchmarks.run.decode``.
+"""Decode speed and achieved bandwidth, one engine per process: ``python -m benchmarks.run.decode.sweep``.
 
 A job on stdin names the engine (``transformers`` or ``vllm``), the model directory, its
 shape, dtype, and the points (batch x context) to decode; the worker prints one JSON line
@@ -262,7 +262,7 @@ def run_sweep(
             add(row)
 
 
-WORKER = [sys.executable, "-m", "benchmarks.run.decode"]  # one engine's decode worker: the job on stdin
+WORKER = [sys.executable, "-m", "benchmarks.run.decode.sweep"]  # one engine's decode worker: the job on stdin
 
 
 def _engine_rows(
@@ -314,9 +314,9 @@ def _row(measured: dict, ceiling: schema.BestKernel, hardware: Hardware, shape: 
 
 
 def _decode_process(job: dict, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """``python -m benchmarks.run.decode`` with ``job`` on stdin: the bandwidth probe."""
+    """``python -m benchmarks.run.decode.sweep`` with ``job`` on stdin: the bandwidth probe."""
     return subprocess.run(
-        [sys.executable, "-m", "benchmarks.run.decode"],
+        [sys.executable, "-m", "benchmarks.run.decode.sweep"],
         input=json.dumps(job),
         capture_output=True,
         text=True,
