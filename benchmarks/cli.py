@@ -33,7 +33,8 @@ from benchmarks import REPO, estimating, planning, summaries
 from benchmarks.catalog import gpus, install_plan, profiles
 from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.model import profile_fit
-from benchmarks.report import compare, figures, site, tables
+from benchmarks.report import site
+from benchmarks.report.markdown import figures, regenerate, side_by_side
 from benchmarks.results import schema
 from benchmarks.run.decode import sweep
 from benchmarks.run.grpo import timed_steps, worker
@@ -123,12 +124,12 @@ def shown(path: Path) -> Path:
 
 def run_tables(args: argparse.Namespace) -> int:
     try:
-        written = tables.write_tables(args.results, args.out, args.all, args.claims)
+        written = regenerate.write_tables(args.results, args.out, args.all, args.claims)
         results = schema.load_results(args.results)
-        cited = tables.headline(results, args.all)
-        built = tables.build(cited, results)
+        cited = regenerate.headline(results, args.all)
+        built = regenerate.build(cited, results)
         for doc in args.doc:
-            replaced = tables.rewrite_document(doc, built, tables.last_verified(cited))
+            replaced = regenerate.rewrite_document(doc, built, regenerate.last_verified(cited))
             print(f"rewrote {doc}: {', '.join(replaced) or 'no table markers'}; Last verified lines set")
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -141,14 +142,14 @@ def run_tables(args: argparse.Namespace) -> int:
 
 def run_compare(args: argparse.Namespace) -> int:
     try:
-        predicted = compare.predicted_classes(args.sides, args.results)
+        predicted = side_by_side.predicted_classes(args.sides, args.results)
         if predicted:
             out = args.out or REPO / "results" / "compare" / ("-vs-".join(predicted) + "-predicted")
-            written = compare.write_predicted(predicted, args.results, out)
+            written = side_by_side.write_predicted(predicted, args.results, out)
         else:
-            sides = compare.resolve_sides(args.sides, args.results)
+            sides = side_by_side.resolve_sides(args.sides, args.results)
             out = args.out or REPO / "results" / "compare" / "-vs-".join(s.label for s in sides)
-            written = compare.write_comparison(sides, out)
+            written = side_by_side.write_comparison(sides, out)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

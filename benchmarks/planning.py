@@ -14,7 +14,7 @@ from benchmarks.catalog.targets import PLAN_S
 from benchmarks.estimating import cost_line, model_command, recipe_levers, recipe_of, why_not_lines
 from benchmarks.model import guide, search
 from benchmarks.model.memory import predict
-from benchmarks.report import sizing
+from benchmarks.report.markdown import sizing
 from benchmarks.report.time_validation import error_line
 from benchmarks.results import schema
 from benchmarks.results.records import Target, readable

@@ -9,7 +9,8 @@ from pathlib import Path
 from benchmarks.catalog.contenders import BASELINE, OPTIMIZED
 from benchmarks.catalog.targets import MEMORY_WITHIN
 from benchmarks.model.memory.predict import GIB
-from benchmarks.report import figures, tables, validation
+from benchmarks.report import validation
+from benchmarks.report.markdown import figures, regenerate
 from benchmarks.results import schema
 from benchmarks.results.records import readable
 from benchmarks.run.machine.bandwidth_probe import ARRAYS_TOUCHED
@@ -149,7 +150,7 @@ def _x(value: float | None) -> str:
 def model_error(results_dir: Path, every_run: bool = False) -> None:
     """The memory model's median error over the fitted and the held-out configurations the tables cite."""
     results = schema.load_results(results_dir)
-    _, medians = tables.model_table(tables.with_fitted_runs(tables.headline(results, every_run), results))
+    _, medians = regenerate.model_table(regenerate.with_fitted_runs(regenerate.headline(results, every_run), results))
     for name, median in medians.items():
         print(
             f"analytic model, training-phase peak: median absolute error {median:.1%} over the {name} "

@@ -97,7 +97,7 @@ def test_the_decode_report_follows_its_result_file(tmp_path):
 
     from benchmarks.catalog import profiles
     from benchmarks.model.memory.decode_bytes import projections
-    from benchmarks.report.figures import write_decode_report
+    from benchmarks.report.markdown.figures import write_decode_report
     from benchmarks.results import schema
 
     rate = {"median_gb_s": 20.0, "min_gb_s": 19.0, "max_gb_s": 21.0, "bytes_per_pass": 1}
@@ -146,7 +146,7 @@ def test_the_decode_report_follows_its_result_file(tmp_path):
 
 
 def test_a_file_that_is_not_a_decode_result_is_named_in_the_error(tmp_path):
-    from benchmarks.report.figures import write_decode_report
+    from benchmarks.report.markdown.figures import write_decode_report
 
     path = tmp_path / "old-decode.json"
     path.write_text('{"kind": "decode", "ceiling": {}}')
@@ -211,7 +211,7 @@ def test_the_decode_figure_draws_its_own_class_s_spec_and_band_only(hardware, tm
     from matplotlib.axes import Axes
 
     from benchmarks import REPO
-    from benchmarks.report.figures import decode_figure
+    from benchmarks.report.markdown.figures import decode_figure
     from benchmarks.results import schema
 
     run = schema.read_result(REPO / "results/runs/cpu/20261201T175648Z-decode.json", "decode").record
@@ -277,7 +277,7 @@ def impossible_rows(shape):
 
 def test_a_decode_row_beyond_physics_is_invalid_in_its_file_and_absent_from_every_table(tmp_path):
     from benchmarks.catalog.profiles import load_hardware
-    from benchmarks.report import claims, tables
+    from benchmarks.report.markdown import claims, regenerate
     from benchmarks.results import schema
     from benchmarks.run.decode import sweep
 
@@ -296,14 +296,14 @@ def test_a_decode_row_beyond_physics_is_invalid_in_its_file_and_absent_from_ever
     (runs / "h200" / source.name).write_text(json.dumps(data))
     record = schema.read_result(runs / "h200" / source.name, "decode").record
     assert [p.status for p in record.sweep][-2:] == ["invalid", "invalid"]  # kept in the file, with the reason
-    written = tables.write_tables(runs, tmp_path / "tables", ledger=tmp_path / "claims.md")
+    written = regenerate.write_tables(runs, tmp_path / "tables", ledger=tmp_path / "claims.md")
     shown = "".join(path.read_text() for path in written if path.suffix == ".md")
     valid = [p for p in record.sweep if p.status == "ok"]
     assert all(f"{p.achieved_gb_s:.1f}" in shown for p in valid)  # the file's valid rows are tabled
     assert f"{made[1].decode_tokens_per_s:.1f}" not in shown
     assert f"{made[1].achieved_gb_s:.1f}" not in shown and f"{made[1].achieved_gb_s:.0f}" not in shown
     assert all(f"{row.achieved_gb_s:.0f} GB/s" not in claim.measured for claim in claims.ledger(
-        tables.headline(schema.load_results(runs))) for row in made)  # fmt: skip
+        regenerate.headline(schema.load_results(runs))) for row in made)  # fmt: skip
 
 
 def test_an_engine_pinned_to_its_gpu_and_stuck_past_its_limit_is_stopped_with_an_error_row(monkeypatch, tmp_path):

@@ -8,12 +8,12 @@ from test_tables import grpo_file
 
 from benchmarks import REPO
 from benchmarks.catalog import published
-from benchmarks.report import claims, tables
+from benchmarks.report.markdown import claims, regenerate
 from benchmarks.results import schema
 
 
 def ledger(directory):
-    return {claim.key: claim for claim in claims.ledger(tables.headline(schema.load_results(directory)))}
+    return {claim.key: claim for claim in claims.ledger(regenerate.headline(schema.load_results(directory)))}
 
 
 def test_every_claim_has_a_status_and_rests_on_the_model_until_its_class_is_measured(tmp_path):

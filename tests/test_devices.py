@@ -17,7 +17,7 @@ import pytest
 from benchmarks import cli
 from benchmarks.catalog import install_plan
 from benchmarks.catalog import profiles as profile
-from benchmarks.report import sizing
+from benchmarks.report.markdown import sizing
 from benchmarks.results import schema
 from benchmarks.run.grpo import configuration, timed_steps, worker
 from benchmarks.run.grpo.job import Job

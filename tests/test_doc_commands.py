@@ -12,7 +12,7 @@ from benchmarks.catalog.profiles import Levers, load_hardware
 from benchmarks.cli import main
 from benchmarks.estimating import parse_levers
 from benchmarks.model import guide
-from benchmarks.report import sizing
+from benchmarks.report.markdown import sizing
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

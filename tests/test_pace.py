@@ -148,7 +148,7 @@ def test_the_pace_lands_in_a_grpo_file_and_in_a_rewards_block(tmp_path, grpo_run
 
 def test_a_gpu_profile_is_not_calibrated_and_takes_its_class_s_own_earlier_run_unscaled(tmp_path, grpo_run, capsys):
     from benchmarks import cli
-    from benchmarks.report import time_tables
+    from benchmarks.report.markdown import time_tables
 
     h100 = profiles.load("h100")
     assert cli.calibrated(h100) is None and "no CPU calibration" in capsys.readouterr().out

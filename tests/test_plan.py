@@ -12,7 +12,7 @@ from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.cli import main
 from benchmarks.model import guide, search
 from benchmarks.model.memory.predict import GIB
-from benchmarks.report import sizing
+from benchmarks.report.markdown import sizing
 from benchmarks.results.records import readable
 from benchmarks.run.grpo.channel import RankReports
 from benchmarks.run.grpo.configuration import silent_ending

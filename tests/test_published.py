@@ -11,7 +11,8 @@ from benchmarks.catalog import published
 from benchmarks.catalog.levers import ProfileError
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.model.time import calibration, rates
-from benchmarks.report import published_scores, tables
+from benchmarks.report import published_scores
+from benchmarks.report.markdown import regenerate
 from benchmarks.report.time_validation import error_line
 
 SOURCES = published.load()
@@ -176,7 +177,7 @@ def test_training_figures_come_from_three_projects_and_one_share_of_peak_fits_th
 
 
 def test_published_md_regenerates_with_the_targets_met_or_missed_and_both_roles_grouped(tmp_path):
-    text = tables.build([])["published"]
+    text = regenerate.build([])["published"]
     assert text.startswith("## Published GPU figures against the models")
     for claim in ("held-out memory: median within 1.25x", "held-out time: median within 1.5x",
                   "held-out minimum GPUs: matched exactly on at least 80%"):  # fmt: skip

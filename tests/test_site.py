@@ -15,7 +15,8 @@ import pytest
 
 from benchmarks import REPO
 from benchmarks.catalog.profiles import load_hardware
-from benchmarks.report import claims, frames, site, site_data, site_pages, sizing, svg, tables
+from benchmarks.report import frames, site, site_data, site_pages, svg
+from benchmarks.report.markdown import claims, regenerate, sizing
 from benchmarks.report.site_pages import link_result_files
 from benchmarks.report.svg import Point
 from benchmarks.results import schema
@@ -153,7 +154,7 @@ def test_there_is_a_page_for_every_gpu_class_of_the_catalogue_and_every_size_cla
 
 
 def test_the_claims_page_shows_every_claim_of_the_ledger_with_its_status(committed_results, served, browser):
-    cited = tables.headline(schema.load_results(committed_results))
+    cited = regenerate.headline(schema.load_results(committed_results))
     expected = claims.ledger(cited)
     page = browser.new_page()
     page.goto(served + "claims.html")
@@ -248,7 +249,7 @@ def test_the_series_page_has_contents_no_single_run_chart_and_a_line_per_machine
     out, _ = built
     assert '<ol class="contents">' in (out / "series.html").read_text()
     results = schema.load_results(committed_results)
-    charts = site_data.series(tables.headline(results, every_run=True))
+    charts = site_data.series(regenerate.headline(results, every_run=True))
     machines = {frames.provenance(r)[0] for r in results}
     assert charts and all(len({p.x for p in c.points}) > 1 for c in charts)
     assert all(any(p.series.endswith(", " + m) for m in machines) for c in charts for p in c.points)

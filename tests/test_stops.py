@@ -12,7 +12,8 @@ import pytest
 
 from benchmarks import REPO
 from benchmarks.catalog.profiles import load, load_hardware, load_shapes
-from benchmarks.report import frames, tables, validation
+from benchmarks.report import frames, validation
+from benchmarks.report.markdown import regenerate
 from benchmarks.results import schema
 from benchmarks.run.grpo import configuration, timed_steps
 
@@ -76,19 +77,19 @@ def test_a_grpo_file_cut_in_its_third_configuration_keeps_two_citable_ones(monke
     results = schema.load_results(tmp_path / "runs")
     [result] = results
     assert not result.complete and len(result.record.configurations) == 2
-    cited = tables.headline(results)
+    cited = regenerate.headline(results)
     assert cited == [result], "a cut GRPO run is cited for what it finished"
     rows = frames.configurations(cited)
     assert list(rows.status) == ["ok", "ok"]
     assert {c.configuration for c in validation.validate(cited, load_shapes(), load_hardware())} == set(rows.name)
-    assert "cited for the configurations they finished" in tables._counted(cited, results)
+    assert "cited for the configurations they finished" in regenerate._counted(cited, results)
 
 
 def test_a_run_that_ended_early_with_nothing_finished_is_never_cited(grpo_run, tmp_path):
     path = Path(tmp_path / "cpu" / "20261201T000000Z-grpo.json")
     schema.write(path, grpo_run(complete=False, ended_early="signal SIGTERM"))
     results = schema.load_results(tmp_path)
-    assert tables.headline(results) == [] and tables.headline(results, every_run=True) == []
+    assert regenerate.headline(results) == [] and regenerate.headline(results, every_run=True) == []
 
 
 def test_a_result_file_of_a_newer_schema_is_refused_naming_it(grpo_run, tmp_path):

@@ -11,7 +11,8 @@ from benchmarks.catalog import profiles
 from benchmarks.catalog.profiles import Levers, load_shapes
 from benchmarks.cli import main
 from benchmarks.model.memory.predict import GIB
-from benchmarks.report import compare, frames, tables
+from benchmarks.report import frames
+from benchmarks.report.markdown import regenerate, side_by_side
 from benchmarks.results import schema
 
 
@@ -82,7 +83,7 @@ def flat(text):
 
 
 def sizing_row(directory, shape):
-    table = flat(tables.sizing_table(schema.load_results(directory)))
+    table = flat(regenerate.sizing_table(schema.load_results(directory)))
     header = table.splitlines()[0]
     row = next(line for line in table.splitlines() if line.startswith(f"| {shape} "))
     return header, dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
@@ -106,22 +107,22 @@ def test_a_grpo_run_that_ended_early_is_cited_only_for_the_configurations_it_fin
     path = grpo_file(results, "h200", "32b", started="2026-12-05T10:00:00+00:00")
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "complete": False, "ended_early": "signal SIGTERM at ..."}))
-    built = tables.build(tables.headline(schema.load_results(results)))
+    built = regenerate.build(regenerate.headline(schema.load_results(results)))
     row = next(line for line in flat(built["sizing"]).splitlines() if line.startswith("| 32b "))
     assert "measured" in row and path.name in row  # its finished configuration
-    written = tables.write_tables(results, tmp_path / "tables")
+    written = regenerate.write_tables(results, tmp_path / "tables")
     sizing = next(p for p in written if p.name == "sizing.md").read_text()
     assert f"cited for the configurations they finished, ended early: h200/{path.name}" in sizing
     path.write_text(json.dumps({**data, "configurations": [], "complete": False, "ended_early": "signal SIGTERM"}))
-    sizing = next(p for p in tables.write_tables(results, tmp_path / "tables") if p.name == "sizing.md").read_text()
+    sizing = next(p for p in regenerate.write_tables(results, tmp_path / "tables") if p.name == "sizing.md").read_text()
     assert "Last verified: never" in sizing and f"left out, ended early: h200/{path.name}" in sizing
     path.write_text(json.dumps({**data, "complete": False, "ended_early": "signal SIGTERM at ..."}))
     grpo_file(results, "cpu", "0.5b")  # a whole one, to compare against
     with pytest.raises(
         ValueError, match=r"h200: neither a result file nor a hardware class with results \(classes: cpu\)"
     ):
-        compare.resolve_sides(["h200", "cpu"], results)  # h200's only file is not comparable
-    sides = compare.resolve_sides([str(path), "cpu"], results)  # named as a file, it says what it is
+        side_by_side.resolve_sides(["h200", "cpu"], results)  # h200's only file is not comparable
+    sides = side_by_side.resolve_sides([str(path), "cpu"], results)  # named as a file, it says what it is
     assert sides[0].label.endswith("(incomplete: ended early)")
 
 
@@ -175,8 +176,8 @@ def test_the_newest_file_of_a_class_and_size_class_wins(tmp_path):
 def test_every_table_is_written_with_the_newest_date_and_a_document_is_rewritten_between_markers(tmp_path):
     results = tmp_path / "runs"
     grpo_file(results, "h200", "32b", started="2026-12-03T10:00:00+00:00")
-    written = tables.write_tables(results, tmp_path / "tables")
-    assert {p.name for p in written} == {f"{name}.md" for name in tables.TABLES}
+    written = regenerate.write_tables(results, tmp_path / "tables")
+    assert {p.name for p in written} == {f"{name}.md" for name in regenerate.TABLES}
     assert all("Last verified: 2026-12-03" in p.read_text() for p in written)
 
     doc = tmp_path / "guide.md"
@@ -184,15 +185,15 @@ def test_every_table_is_written_with_the_newest_date_and_a_document_is_rewritten
         "Last verified: 2026-07-13\n\n# Sizing\n<!-- grpo-bench:sizing -->\nold table\n<!-- /grpo-bench:sizing -->\n"
         "prose kept\nLast verified: 2026-07-13\n"
     )
-    built = tables.build(tables.headline(schema.load_results(results)))
-    assert tables.rewrite_document(doc, built, "2026-12-03") == ["sizing"]
+    built = regenerate.build(regenerate.headline(schema.load_results(results)))
+    assert regenerate.rewrite_document(doc, built, "2026-12-03") == ["sizing"]
     text = doc.read_text()
     assert "old table" not in text and built["sizing"] in text and "prose kept" in text
     assert text.count("Last verified: 2026-12-03") == 2 and "2026-07-13" not in text
 
     doc.write_text("<!-- grpo-bench:sizes -->\n<!-- /grpo-bench:sizes -->\n")
     with pytest.raises(ValueError, match=r"guide.md: unknown table marker grpo-bench:sizes"):
-        tables.rewrite_document(doc, built, "2026-12-03")
+        regenerate.rewrite_document(doc, built, "2026-12-03")
 
 
 def test_tables_cite_the_newest_whole_run_of_each_series_and_every_run_only_when_asked(tmp_path):
@@ -202,12 +203,12 @@ def test_tables_cite_the_newest_whole_run_of_each_series_and_every_run_only_when
     subset = grpo_file(results, "h200", "32b", started="2026-12-03T10:00:00+00:00", name="c", defined=3)
     other = grpo_file(results, "h200", "0.5b", started="2026-12-01T11:00:00+00:00", name="d")  # another series
     loaded = schema.load_results(results)
-    assert [r.path.split("/")[1] for r in tables.headline(loaded)] == [other.name, new.name]
-    assert len(tables.headline(loaded, every_run=True)) == 4  # superseded and --only subsets too
-    sizing = tables.write_tables(results, tmp_path / "t")[0].read_text()
+    assert [r.path.split("/")[1] for r in regenerate.headline(loaded)] == [other.name, new.name]
+    assert len(regenerate.headline(loaded, every_run=True)) == 4  # superseded and --only subsets too
+    sizing = regenerate.write_tables(results, tmp_path / "t")[0].read_text()
     assert "2 of 4 result files; 2 superseded or partial (shown with --all)" in sizing
     assert new.name in sizing and old.name not in sizing and subset.name not in sizing
-    everything = tables.write_tables(results, tmp_path / "all", every_run=True)[0].read_text()
+    everything = regenerate.write_tables(results, tmp_path / "all", every_run=True)[0].read_text()
     assert "4 of 4 result files" in everything
 
 
@@ -224,7 +225,7 @@ def test_tables_from_a_results_directory_that_is_missing_or_empty_fail_and_write
 
 
 def test_the_committed_tables_and_ledger_are_what_the_committed_results_make(committed_results, tmp_path):
-    written = tables.write_tables(committed_results, tmp_path, ledger=tmp_path / "claims.md")
+    written = regenerate.write_tables(committed_results, tmp_path, ledger=tmp_path / "claims.md")
     assert tmp_path / "claims.md" in written
     for path in written:
         committed = REPO / "results" / ("claims.md" if path.name == "claims.md" else f"tables/{path.name}")
@@ -232,7 +233,7 @@ def test_the_committed_tables_and_ledger_are_what_the_committed_results_make(com
 
 
 def test_the_committed_comparison_is_what_the_committed_results_make(committed_results, tmp_path):
-    written = compare.write_comparison(compare.resolve_sides([], committed_results), tmp_path)
+    written = side_by_side.write_comparison(side_by_side.resolve_sides([], committed_results), tmp_path)
     committed = REPO / "results" / "compare" / "previous-vs-newest"
     assert {p.name for p in written} == {p.name for p in committed.iterdir()}, "run `nox -s compare`"
     made = (tmp_path / "compare.md").read_text()
@@ -242,10 +243,12 @@ def test_the_committed_comparison_is_what_the_committed_results_make(committed_r
 @pytest.mark.parametrize(("document", "blocks"), [("README.md", ["steps"]), ("docs/running.md", ["runs"])])
 def test_the_documents_excerpts_are_what_the_committed_results_make(committed_results, tmp_path, document, blocks):
     results = schema.load_results(committed_results)
-    cited = tables.headline(results)
+    cited = regenerate.headline(results)
     copy = tmp_path / "document.md"
     copy.write_text((REPO / document).read_text())
-    assert tables.rewrite_document(copy, tables.build(cited, results), tables.last_verified(cited)) == blocks
+    assert (
+        regenerate.rewrite_document(copy, regenerate.build(cited, results), regenerate.last_verified(cited)) == blocks
+    )
     assert copy.read_text() == (REPO / document).read_text(), f"{document}'s tables differ: run `nox -s tables`"
 
 
@@ -262,7 +265,7 @@ def test_compare_matches_configurations_by_lever_values_across_versions(tmp_path
     data = json.loads(older.read_text())
     del data["configurations"][0]["levers"]["vllm_max_model_length"]
     older.write_text(json.dumps(data))
-    lines = compare.grpo_rows(compare.resolve_sides(["h100", "h200"], results))
+    lines = side_by_side.grpo_rows(side_by_side.resolve_sides(["h100", "h200"], results))
     assert lines[0].startswith("GRPO configurations in every side (1;")
     assert "| model=lora | 3.00, 50.00 | 3.00, 100.00 | 1.00x, 2.00x |" in flat("\n".join(lines))
 
@@ -272,7 +275,7 @@ def test_compare_refuses_a_quick_run_beside_a_full_one(tmp_path):
     full = grpo_file(results, "h100", "32b")
     quick = grpo_file(results, "h200", "32b", quick=True)
     with pytest.raises(ValueError, match=r"grpo: a --quick run and a full run are not like for like: .*-a-grpo"):
-        compare.resolve_sides([str(full), str(quick)], results)
+        side_by_side.resolve_sides([str(full), str(quick)], results)
 
 
 def test_a_bad_result_file_is_named(tmp_path):
@@ -287,7 +290,7 @@ def test_a_bad_result_file_is_named(tmp_path):
 
 def test_the_model_table_reports_the_error_of_every_configuration_that_ran(tmp_path):
     grpo_file(tmp_path, "h200", "32b", peak_gib=100.0)
-    text, medians = tables.model_table(schema.load_results(tmp_path))
+    text, medians = regenerate.model_table(schema.load_results(tmp_path))
     assert "model=lora" in text and list(medians) == ["held out"] and f"{medians['held out']:.1%}" in text
 
 
@@ -296,15 +299,15 @@ def test_compare_puts_matching_configurations_side_by_side_with_ratios_and_draws
     results = tmp_path / "runs"
     grpo_file(results, "h200", "32b", peak_gib=100.0)
     grpo_file(results, "h100", "32b", peak_gib=50.0)
-    sides = compare.resolve_sides(["h100", "h200"], results)
-    written = compare.write_comparison(sides, tmp_path / "out")
+    sides = side_by_side.resolve_sides(["h100", "h200"], results)
+    written = side_by_side.write_comparison(sides, tmp_path / "out")
     text = written[0].read_text()
     assert "| model=lora | 3.00, 50.00 | 3.00, 100.00 | 1.00x, 2.00x |" in flat(text)
     pngs = [p for p in written if p.suffix == ".png"]
     assert {p.name for p in pngs} >= {"memory-breakdown-h100.png", "memory-by-phase-h200.png"}
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in pngs)
     with pytest.raises(ValueError, match="a100: neither a result file nor a hardware class"):
-        compare.resolve_sides(["a100", "h200"], results)
+        side_by_side.resolve_sides(["a100", "h200"], results)
 
 
 def test_estimate_never_fits_an_engine_that_cannot_hold_its_weights(capsys):
@@ -399,7 +402,7 @@ def test_the_context_table_and_the_model_table_follow_a_context_file(tmp_path):
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "x-context.json").write_text(json.dumps(data))
     results = schema.load_results(tmp_path)
-    text = tables.context_table(results)
+    text = regenerate.context_table(results)
     text = flat(text)
     assert "| trl-1.16 | measured | 240 | 256 | 704 |" in text and "skipped: needs CUDA" in text
     assert (
@@ -407,7 +410,7 @@ def test_the_context_table_and_the_model_table_follow_a_context_file(tmp_path):
     )
     assert "reached 3.0x the context of unchunked TRL 1.14.2" in text and "not reproduced" in text
     assert "budget 5 GiB" in text
-    assert "| cpu/x-context.json | trl-1.16 | 1 | " in flat("\n".join(tables._context_probe_errors(results)))
+    assert "| cpu/x-context.json | trl-1.16 | 1 | " in flat("\n".join(regenerate._context_probe_errors(results)))
 
 
 def test_the_committed_many_ranks_run_shows_per_rank_model_states_falling_as_zero_says(committed_results):
@@ -428,13 +431,13 @@ def test_the_model_table_scores_every_run_its_constants_were_not_fitted_on_apart
 
     results = schema.load_results(committed_results)
     superseded_fit = "cpu/20261201T175857Z-grpo.json"  # a fitted run with a newer run of its series
-    assert superseded_fit in FITTED_FILES and superseded_fit not in {r.path for r in tables.headline(results)}
-    cited = tables.with_fitted_runs(tables.headline(results), results)
+    assert superseded_fit in FITTED_FILES and superseded_fit not in {r.path for r in regenerate.headline(results)}
+    cited = regenerate.with_fitted_runs(regenerate.headline(results), results)
     found = frames.checks(validate(cited, load_shapes(), profiles.load_hardware()))
     held_out = found[found.held_out]
     grpo_files = {r.path for r in cited if r.kind in ("grpo", "distributed")}
     assert set(found[~found.held_out].file) == set(FITTED_FILES)
     assert set(held_out.file) == grpo_files - set(FITTED_FILES) and held_out.file.str.contains("distributed").any()
-    text, medians = tables.model_table(cited)
+    text, medians = regenerate.model_table(cited)
     assert "fitted configurations: " in text and "held out configurations: " in text
     assert medians["fitted"] == float(found[(found.phase == "training") & ~found.held_out].error.abs().median())

@@ -1,5 +1,5 @@
 """Result records as pandas DataFrames, one row per measured thing: the single shape every table,
-comparison and figure is made from (``tables``, ``compare``, ``figures``), and markdown made by
+comparison and figure is made from (``regenerate``, ``side_by_side``, ``figures``), and markdown made by
 pandas itself."""
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ import subprocess
 from html import escape
 from pathlib import Path
 
-from benchmarks.report import site_pages, tables
+from benchmarks.report import site_pages
+from benchmarks.report.markdown import regenerate
 from benchmarks.results.schema import load_results
 
 SITE_MARK = ".grpo-bench-site"  # in every folder this builds: the one kind of folder it may empty
@@ -66,7 +67,7 @@ def build_site(results_dir: Path, out: Path) -> list[Path]:
     if out.is_dir() and any(out.iterdir()) and not _built_here(out):
         raise ValueError(f"{out}: not empty and not a site this command built (no {SITE_MARK}): choose another --out")
     results = load_results(results_dir)
-    cited = tables.headline(results)
+    cited = regenerate.headline(results)
     siblings = {r.path: _siblings(results_dir / r.path) for r in results}
     figures = {path: [p.name for p in found if p.suffix == ".png"] for path, found in siblings.items()}
     pages = site_pages.pages(cited, results, figures)
@@ -77,7 +78,7 @@ def build_site(results_dir: Path, out: Path) -> list[Path]:
     (out / "style.css").write_text(STYLE)
     written = []
     footer = (
-        f"Results as of {tables.last_verified(cited)} (the newest result file cited); built by "
+        f"Results as of {regenerate.last_verified(cited)} (the newest result file cited); built by "
         "<code>nox -s site</code> from results/runs and results/published."
     )
     for relative, (title, body) in pages.items():

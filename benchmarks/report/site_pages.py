@@ -10,9 +10,10 @@ from html import escape
 
 import pandas as pd
 
-from benchmarks.report import claims, site_answers, site_data, site_runs, svg, tables, time_tables
-from benchmarks.report.part_tables import context_table, decode_table, distributed_table, rewards_table
-from benchmarks.report.sizing import CLASS_NAMES, sizing_cells, sizing_grid, sizing_notes
+from benchmarks.report import site_answers, site_data, site_runs, svg
+from benchmarks.report.markdown import claims, regenerate, time_tables
+from benchmarks.report.markdown.part_tables import context_table, decode_table, distributed_table, rewards_table
+from benchmarks.report.markdown.sizing import CLASS_NAMES, sizing_cells, sizing_grid, sizing_notes
 from benchmarks.report.time_validation import TimeCheck, validate_time
 from benchmarks.results.schema import Result
 
@@ -36,9 +37,9 @@ ANNOTATED = {"sizing.md": "sizing.html"}  # a table the site shows on a page of 
 
 
 def pages(cited: list[Result], results: list[Result], figures: dict[str, list[str]]) -> Pages:
-    """Every page: ``cited``, the results the tables cite (``tables.headline``); ``results``, every file;
+    """Every page: ``cited``, the results the tables cite (``regenerate.headline``); ``results``, every file;
     ``figures``, the images runs wrote beside their files."""
-    every = tables.headline(results, every_run=True)
+    every = regenerate.headline(results, every_run=True)
     timed = validate_time(results)
     return {
         "index.html": ("Which GPUs, how many, how long", site_answers.front_page(cited, results)),
@@ -281,7 +282,7 @@ def _classes(results: list[Result]) -> list[str]:
 
 def table_pages(cited: list[Result], results: list[Result]) -> Pages:
     """Every generated table as a page, with an index."""
-    built = tables.build(cited, results)
+    built = regenerate.build(cited, results)
     found = {f"tables/{name}.html": (f"{name}.md", html_of(text)) for name, text in built.items()}
     listing = "".join(f'<li><a href="{name}.html">{name}.md</a></li>' for name in built)
     intro = "<p>The tables <code>nox -s tables</code> writes under <code>results/tables/</code>, as pages.</p>"

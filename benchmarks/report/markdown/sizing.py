@@ -16,7 +16,8 @@ from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_RECIPE, GUIDE_
 from benchmarks.model.memory.predict import GIB, GPU_COUNTS, estimate, on_gpus
 from benchmarks.model.time.calibration import fitted
 from benchmarks.model.time.work_rates import Rates
-from benchmarks.report import frames, time_tables
+from benchmarks.report import frames
+from benchmarks.report.markdown import time_tables
 from benchmarks.report.time_validation import FITTED_TIME_FILES
 from benchmarks.results.schema import Result
 

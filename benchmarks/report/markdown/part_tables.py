@@ -9,7 +9,8 @@ from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_WORKLOAD
 from benchmarks.model.memory.decode_bytes import decode_step_bytes, experts_read, rollout_seconds
 from benchmarks.model.memory.predict import GIB, NF4_BYTES_PER_PARAM
-from benchmarks.report import frames, time_tables
+from benchmarks.report import frames
+from benchmarks.report.markdown import time_tables
 from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile, RolloutShape
 from benchmarks.run.max_context import contender_runs
 

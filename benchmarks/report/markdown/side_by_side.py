@@ -21,8 +21,9 @@ import pandas as pd
 
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.model.memory.predict import GIB
-from benchmarks.report import frames, sizing, time_tables
-from benchmarks.report.figures import decode_figure
+from benchmarks.report import frames
+from benchmarks.report.markdown import sizing, time_tables
+from benchmarks.report.markdown.figures import decode_figure
 from benchmarks.report.validation import measured_phases, predict_configuration
 from benchmarks.results.schema import GrpoFile, Result, load_results, read_result
 

@@ -28,10 +28,11 @@ import pandas as pd
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
 from benchmarks.catalog.targets import MEMORY_WITHIN
 from benchmarks.model.memory.predict import GIB, Workload, estimate
-from benchmarks.report import claims, frames, time_tables
-from benchmarks.report.part_tables import context_table, decode_table, distributed_table, rewards_table
+from benchmarks.report import frames
+from benchmarks.report.markdown import claims, time_tables
+from benchmarks.report.markdown.part_tables import context_table, decode_table, distributed_table, rewards_table
+from benchmarks.report.markdown.sizing import sizing_table
 from benchmarks.report.published_scores import published_table
-from benchmarks.report.sizing import sizing_table
 from benchmarks.report.validation import FITTED_FILES, validate
 from benchmarks.results.schema import ContextFile, Result, load_results
 

@@ -21,7 +21,7 @@ from benchmarks.catalog.targets import CLAIM_HOLDS_WITHIN
 from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_WORKLOAD
 from benchmarks.model.memory.predict import GIB, estimate
 from benchmarks.report import frames
-from benchmarks.report.sizing import (
+from benchmarks.report.markdown.sizing import (
     CLASS_NAMES,
     hardware_for,
     measured_cells,
@@ -91,7 +91,7 @@ def evidence(result: Result) -> Evidence:
 
 
 def ledger(results: list[Result], entries: list[published.Entry] | None = None) -> list[Claim]:
-    """Every claim, from the results the tables cite (``tables.headline``) and the published figures (default:
+    """Every claim, from the results the tables cite (``regenerate.headline``) and the published figures (default:
     every entry under results/published)."""
     entries = published.entries() if entries is None else entries
     return [
