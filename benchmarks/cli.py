@@ -33,8 +33,8 @@ from benchmarks import REPO, estimating, planning, summaries
 from benchmarks.catalog import gpus, install_plan, profiles
 from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.model import profile_fit
-from benchmarks.report import site
 from benchmarks.report.markdown import figures, regenerate, side_by_side
+from benchmarks.report.web import builder
 from benchmarks.results import schema
 from benchmarks.run.decode import sweep
 from benchmarks.run.grpo import timed_steps, worker
@@ -160,8 +160,8 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def run_site(args: argparse.Namespace) -> int:
     try:
-        written = site.build_site(args.results, args.out)
-        shots = site.screenshot(args.out / "index.html", args.screenshot) if args.screenshot else []
+        written = builder.build_site(args.results, args.out)
+        shots = builder.screenshot(args.out / "index.html", args.screenshot) if args.screenshot else []
     except (OSError, ValueError, subprocess.SubprocessError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -15,17 +15,18 @@ import pytest
 
 from benchmarks import REPO
 from benchmarks.catalog.profiles import load_hardware
-from benchmarks.report import frames, site, site_data, site_pages, svg
+from benchmarks.report import frames
 from benchmarks.report.markdown import claims, regenerate, sizing
-from benchmarks.report.site_pages import link_result_files
-from benchmarks.report.svg import Point
+from benchmarks.report.web import builder, plotted, sitemap, svg
+from benchmarks.report.web.sitemap import link_result_files
+from benchmarks.report.web.svg import Point
 from benchmarks.results import schema
 
 
 @pytest.fixture(scope="module")
 def built(committed_results, tmp_path_factory):
     out = tmp_path_factory.mktemp("site") / "site"
-    return out, site.build_site(committed_results, out)
+    return out, builder.build_site(committed_results, out)
 
 
 @pytest.fixture(scope="module")
@@ -236,12 +237,12 @@ def test_the_site_replaces_an_earlier_site_but_never_a_folder_of_other_files(com
     elsewhere.mkdir()
     (elsewhere / "notes.md").write_text("kept")
     with pytest.raises(ValueError, match="not empty and not a site"):
-        site.build_site(committed_results, elsewhere)
+        builder.build_site(committed_results, elsewhere)
     assert [p.name for p in elsewhere.iterdir()] == ["notes.md"]
     out = tmp_path / "site"
-    site.build_site(committed_results, out)
+    builder.build_site(committed_results, out)
     (out / "stale.html").write_text("from an older build")
-    site.build_site(committed_results, out)  # an earlier site is rebuilt whole
+    builder.build_site(committed_results, out)  # an earlier site is rebuilt whole
     assert not (out / "stale.html").exists() and (out / "index.html").is_file()
 
 
@@ -249,7 +250,7 @@ def test_the_series_page_has_contents_no_single_run_chart_and_a_line_per_machine
     out, _ = built
     assert '<ol class="contents">' in (out / "series.html").read_text()
     results = schema.load_results(committed_results)
-    charts = site_data.series(regenerate.headline(results, every_run=True))
+    charts = plotted.series(regenerate.headline(results, every_run=True))
     machines = {frames.provenance(r)[0] for r in results}
     assert charts and all(len({p.x for p in c.points}) > 1 for c in charts)
     assert all(any(p.series.endswith(", " + m) for m in machines) for c in charts for p in c.points)
@@ -261,14 +262,14 @@ def test_a_step_beyond_both_points_noise_is_flagged_with_the_commits_around_it()
             "cpu 135m, AMD EPYC", x, value, value * 0.95, value * 1.05, "", f"f.json\nAMD EPYC, commit {commit}"
         )
 
-    jump = site_data.Chart(
+    jump = plotted.Chart(
         "GRPO step, baseline", "s/step", [point("2026-12-01", 10.0, "aaa"), point("2026-12-02", 30.0, "bbb")]
     )
-    assert "10 to 30 s/step, beyond the noise of both (commits aaa then bbb)" in site_pages._steps(jump)
-    noise = site_data.Chart(
+    assert "10 to 30 s/step, beyond the noise of both (commits aaa then bbb)" in sitemap._steps(jump)
+    noise = plotted.Chart(
         "GRPO step, baseline", "s/step", [point("2026-12-01", 10.0, "a"), point("2026-12-02", 10.2, "b")]
     )
-    assert site_pages._steps(noise) == ""
+    assert sitemap._steps(noise) == ""
 
 
 def test_side_by_side_keeps_its_pair_in_the_address_and_compares_predicted_classes(served, browser):

@@ -16,8 +16,8 @@ import subprocess
 from html import escape
 from pathlib import Path
 
-from benchmarks.report import site_pages
 from benchmarks.report.markdown import regenerate
+from benchmarks.report.web import sitemap
 from benchmarks.results.schema import load_results
 
 SITE_MARK = ".grpo-bench-site"  # in every folder this builds: the one kind of folder it may empty
@@ -70,7 +70,7 @@ def build_site(results_dir: Path, out: Path) -> list[Path]:
     cited = regenerate.headline(results)
     siblings = {r.path: _siblings(results_dir / r.path) for r in results}
     figures = {path: [p.name for p in found if p.suffix == ".png"] for path, found in siblings.items()}
-    pages = site_pages.pages(cited, results, figures)
+    pages = sitemap.pages(cited, results, figures)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -93,7 +93,7 @@ def build_site(results_dir: Path, out: Path) -> list[Path]:
 def page(title: str, body: str, depth: int, footer: str, result_paths: list[str]) -> str:
     """A whole page: navigation, the body (result file names in it linked to their pages), the footer."""
     up = "../" * depth
-    nav = "".join(f'<a href="{up}{href}">{escape(label)}</a>' for href, label in site_pages.NAV)
+    nav = "".join(f'<a href="{up}{href}">{escape(label)}</a>' for href, label in sitemap.NAV)
     body = re.sub(r"<table\b(?![^>]*data-boxed).*?</table>", lambda m: f'<div class="scroll">{m.group(0)}</div>', body,
                   flags=re.DOTALL)  # fmt: skip
     return (
@@ -102,7 +102,7 @@ def page(title: str, body: str, depth: int, footer: str, result_paths: list[str]
         f"<title>{escape(title)} · grpo-bench</title>\n"
         f'<link rel="icon" href="data:,">\n<link rel="stylesheet" href="{up}style.css">\n</head>\n'
         f"<body>\n<header><nav>{nav}</nav></header>\n<main>\n<h1>{escape(title)}</h1>\n"
-        f"{site_pages.link_result_files(body, up, result_paths)}\n</main>\n"
+        f"{sitemap.link_result_files(body, up, result_paths)}\n</main>\n"
         f"<footer>{footer}</footer>\n</body>\n</html>\n"
     )
 

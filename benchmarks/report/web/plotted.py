@@ -10,7 +10,7 @@ import pandas as pd
 
 from benchmarks.model.memory.predict import GIB
 from benchmarks.report import frames
-from benchmarks.report.svg import Point
+from benchmarks.report.web.svg import Point
 from benchmarks.results.schema import ContextFile, DecodeFile, Result, RewardsFile
 from benchmarks.run.machine import pace
 

@@ -11,8 +11,9 @@ from html import escape
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.model import guide, search
 from benchmarks.model.memory.predict import GIB
-from benchmarks.report import frames, published_scores, svg
+from benchmarks.report import frames, published_scores
 from benchmarks.report.markdown import sizing, time_tables
+from benchmarks.report.web import svg
 from benchmarks.results.records import readable
 from benchmarks.results.schema import Result
 

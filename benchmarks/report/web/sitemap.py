@@ -1,4 +1,4 @@
-"""The site's pages (``benchmarks.report.site`` writes them): each a title and an HTML body, by its path under
+"""The site's pages (``benchmarks.report.web.builder`` writes them): each a title and an HTML body, by its path under
 the site's root. Bodies link upwards with ``up`` (``../`` per folder) so that the site reads from plain files."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from html import escape
 
 import pandas as pd
 
-from benchmarks.report import site_answers, site_data, site_runs, svg
 from benchmarks.report.markdown import claims, regenerate, time_tables
 from benchmarks.report.markdown.part_tables import context_table, decode_table, distributed_table, rewards_table
 from benchmarks.report.markdown.sizing import CLASS_NAMES, sizing_cells, sizing_grid, sizing_notes
 from benchmarks.report.time_validation import TimeCheck, validate_time
+from benchmarks.report.web import answers, plotted, result_pages, svg
 from benchmarks.results.schema import Result
 
 NAV = (
@@ -42,15 +42,15 @@ def pages(cited: list[Result], results: list[Result], figures: dict[str, list[st
     every = regenerate.headline(results, every_run=True)
     timed = validate_time(results)
     return {
-        "index.html": ("Which GPUs, how many, how long", site_answers.front_page(cited, results)),
+        "index.html": ("Which GPUs, how many, how long", answers.front_page(cited, results)),
         "claims.html": ("What the GRPO sizing guide's claims look like measured", front_page(cited)),
-        **site_answers.size_pages(results),
+        **answers.size_pages(results),
         "sizing.html": ("Which model size fits which GPU class", sizing_page(cited, results)),
         "series.html": ("Every metric over every run", series_page(every)),
         "compare.html": ("Side by side", compare_page(cited, every)),
         **table_pages(cited, results),
         **class_pages(cited, results, timed),
-        **site_runs.run_pages(results, figures, timed),
+        **result_pages.run_pages(results, figures, timed),
     }
 
 
@@ -74,7 +74,7 @@ def link_result_files(body: str, up: str, paths: list[str]) -> str:
             opaque += bool(re.match(r"<(a|script)\b", piece)) - bool(re.match(r"</(a|script)>", piece))
         elif not opaque:
             pieces[index] = pattern.sub(
-                lambda m: f'<a href="{up}{site_data.run_page(m.group(0))}">{m.group(0)}</a>', piece
+                lambda m: f'<a href="{up}{plotted.run_page(m.group(0))}">{m.group(0)}</a>', piece
             )
     return "".join(pieces)
 
@@ -109,8 +109,7 @@ memory and time model. Each row says whether the claim was measured, on what, an
 
 def _claim_row(claim: claims.Claim) -> str:
     evidence = "<br>".join(
-        f'<a href="{site_data.run_page(e.file)}">{escape(e.file)}</a> ({escape(e.machine)}, {escape(e.commit)}, '
-        f"{e.date})"
+        f'<a href="{plotted.run_page(e.file)}">{escape(e.file)}</a> ({escape(e.machine)}, {escape(e.commit)}, {e.date})'
         for e in claim.evidence
     )
     annotated = ANNOTATED.get(claim.detail, f"tables/{claim.detail.removesuffix('.md')}.html")
@@ -133,10 +132,10 @@ def sizing_page(cited: list[Result], results: list[Result]) -> str:
         for j in range(3, len(table.columns)):
             text, file = table.iat[i, j], files.iat[i, j]
             if isinstance(file, str):
-                link = f'<a href="{site_data.run_page(file)}">{escape(text)}</a>'
+                link = f'<a href="{plotted.run_page(file)}">{escape(text)}</a>'
                 cells.append(f'<td class="measured" data-file="{escape(file)}">{link}</td>')
             else:
-                why = f"sizes/{size}.html" if size in site_answers.GUIDE_SIZES else f"hardware/{classes[j - 3]}.html"
+                why = f"sizes/{size}.html" if size in answers.GUIDE_SIZES else f"hardware/{classes[j - 3]}.html"
                 cells.append(f'<td class="predicted"><a href="{why}">{escape(text)}</a> (predicted)</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     notes = "\n\n".join(sizing_notes())
@@ -151,7 +150,7 @@ def sizing_page(cited: list[Result], results: list[Result]) -> str:
 
 
 def series_page(every: list[Result]) -> str:
-    charts = site_data.series(every)
+    charts = plotted.series(every)
     contents = "".join(f'<li><a href="#chart-{i}">{escape(c.title)}</a></li>' for i, c in enumerate(charts))
     drawn = "\n".join(
         f'<figure id="chart-{i}">{svg.series_chart(c.title, c.unit, c.points)}{_steps(c)}{_numbers(c)}</figure>'
@@ -168,7 +167,7 @@ def series_page(every: list[Result]) -> str:
     )
 
 
-def _steps(chart: site_data.Chart) -> str:
+def _steps(chart: plotted.Chart) -> str:
     """Each step in a line beyond both points' recorded noise, with the commits around it: a regression or an
     improvement to look at, not noise."""
     flagged = []
@@ -185,7 +184,7 @@ def _steps(chart: site_data.Chart) -> str:
     return f'<ul class="flags">{"".join(f"<li>{f}</li>" for f in flagged)}</ul>' if flagged else ""
 
 
-def _numbers(chart: site_data.Chart) -> str:
+def _numbers(chart: plotted.Chart) -> str:
     """A chart's points as a table under it: reachable without hover (a phone has none)."""
     rows = "".join(
         f"<tr><td>{escape(p.x[:16].replace('T', ' '))}</td><td>{escape(p.series)}</td>"
@@ -205,18 +204,18 @@ def compare_page(cited: list[Result], every: list[Result]) -> str:
         {
             "id": f"class:{h}",
             "label": f"class {h} (its newest runs)",
-            "figures": site_data.figures_by_name([r for r in cited if r.hardware == h]),
+            "figures": plotted.figures_by_name([r for r in cited if r.hardware == h]),
         }
         for h in _classes(cited)
     ]
-    entries += [{"id": r.path, "label": r.path, "figures": site_data.figures_by_name([r])} for r in reversed(every)]
+    entries += [{"id": r.path, "label": r.path, "figures": plotted.figures_by_name([r])} for r in reversed(every)]
     entries += [
         {
             "id": f"predicted:{c}",
             "label": f"class {CLASS_NAMES.get(c, c)}, predicted by the models",
-            "figures": site_answers.predicted_figures(c, cited),
+            "figures": answers.predicted_figures(c, cited),
         }
-        for c in site_answers.gpu_classes()
+        for c in answers.gpu_classes()
     ]
     data = json.dumps(entries, allow_nan=False).replace("</", "<\\/")
     return f"""<p>Pick two runs or hardware classes: every figure they share is shown side by side, with the right's
@@ -294,12 +293,12 @@ def class_pages(cited: list[Result], results: list[Result], timed: list[TimeChec
     class on it, and, where it has results, its runs, GRPO steps and memory, decode, context and rewards."""
     found = {}
     with_results = _classes(results)
-    catalogued = site_answers.gpu_classes()
+    catalogued = answers.gpu_classes()
     every = [*catalogued, *(h for h in with_results if h not in catalogued)]
     for hardware in every:
         sections = []
         if hardware in catalogued or hardware == "cpu":
-            sections.append(("What the models predict", site_answers.class_prediction(hardware, cited, results)))
+            sections.append(("What the models predict", answers.class_prediction(hardware, cited, results)))
         if hardware in with_results:
             sections += _measured_sections(hardware, cited, results, timed)
         else:
@@ -319,11 +318,11 @@ def _measured_sections(hardware: str, cited: list[Result], results: list[Result]
     mine, all_mine = [r for r in cited if r.hardware == hardware], [r for r in results if r.hardware == hardware]
     return [
         ("GRPO steps: per lever, the newest run", html_of(time_tables.steps_table(mine))),
-        ("GRPO memory: measured against the model", site_runs.memory_figure(mine, "../")),
-        ("GRPO time: measured against the model", site_runs.time_figure(mine, timed, "../")),
+        ("GRPO memory: measured against the model", result_pages.memory_figure(mine, "../")),
+        ("GRPO time: measured against the model", result_pages.time_figure(mine, timed, "../")),
         ("Many ranks", html_of(distributed_table(mine))),
         ("Decode: against its ceiling and the spec", html_of(decode_table(mine))),
         ("Context", html_of(context_table(mine))),
         ("Rewards", html_of(rewards_table(mine))),
-        ("Every run", site_runs.runs_list(all_mine, up="../")),
+        ("Every run", result_pages.runs_list(all_mine, up="../")),
     ]

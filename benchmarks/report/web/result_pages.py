@@ -10,9 +10,10 @@ import pandas as pd
 
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.model.memory.predict import GIB
-from benchmarks.report import frames, site_data, svg
+from benchmarks.report import frames
 from benchmarks.report.time_validation import TimeCheck
 from benchmarks.report.validation import validate
+from benchmarks.report.web import plotted, svg
 from benchmarks.results.schema import ContextFile, DecodeFile, GrpoFile, Result, RewardsFile
 from benchmarks.run.machine import pace
 
@@ -22,7 +23,7 @@ def run_pages(
 ) -> dict[str, tuple[str, str]]:
     """A page per result file; ``figures``: the images a run wrote beside its file, by the file's path;
     ``timed``: the time model against every measured configuration (``time_validation.validate_time``)."""
-    found = {site_data.run_page(r.path): (r.path, run_body(r, figures.get(r.path, []), timed)) for r in results}
+    found = {plotted.run_page(r.path): (r.path, run_body(r, figures.get(r.path, []), timed)) for r in results}
     found["runs/index.html"] = ("Every result file", runs_list(results, up="../"))
     return found
 
@@ -34,7 +35,7 @@ def runs_list(results: list[Result], up: str) -> str:
         machine, commit = frames.provenance(result)
         state = "complete" if result.complete else "ended early"
         state += " (--quick)" if result.quick else ""
-        link = f'<a href="{up}{site_data.run_page(result.path)}">{escape(result.path)}</a>'
+        link = f'<a href="{up}{plotted.run_page(result.path)}">{escape(result.path)}</a>'
         cells = [link, result.kind, result.hardware, escape(machine), escape(commit), result.date, state]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("file", "kind", "class", "machine", "commit", "date", "state"))
@@ -132,7 +133,7 @@ def memory_figure(results: list[Result], up: str) -> str:
         return "<p>No configuration of the newest GRPO run was checked against the model.</p>"
     change = frames.configurations([run]).set_index("name").change
     rows = [
-        (change[c.configuration], c.measured_bytes / GIB, c.predicted_bytes / GIB, up + site_data.run_page(run.path))
+        (change[c.configuration], c.measured_bytes / GIB, c.predicted_bytes / GIB, up + plotted.run_page(run.path))
         for c in checks.itertuples()
     ]
     title = "Training peak per configuration: bar measured, mark the memory model"
@@ -146,7 +147,7 @@ def time_figure(results: list[Result], timed: list[TimeCheck], up: str) -> str:
     if not steps:
         return "<p>No configuration of the newest GRPO run was timed against the model (no calibration recorded).</p>"
     change = frames.configurations(runs[-1:]).set_index("name").change
-    href = up + site_data.run_page(runs[-1].path)
+    href = up + plotted.run_page(runs[-1].path)
     rows = [(change[c.configuration], c.measured_s, c.predicted_s, href) for c in steps]
     title = "Median step per configuration: bar measured, mark the time model"
     return svg.bar_chart(title, "s", rows, f"{runs[-1].path}, each run described by its own calibration")
