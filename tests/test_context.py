@@ -10,7 +10,8 @@ import pytest
 from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.catalog.profiles import load, load_hardware, load_shapes
-from benchmarks.cli import RESULTS, main
+from benchmarks.cli import main
+from benchmarks.commands.output import RESULTS
 from benchmarks.model.memory.predict import GIB, Workload, estimate
 from benchmarks.results import schema
 from benchmarks.run.max_context import bisection, contender_runs

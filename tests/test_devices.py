@@ -17,6 +17,7 @@ import pytest
 from benchmarks import cli
 from benchmarks.catalog import install_plan
 from benchmarks.catalog import profiles as profile
+from benchmarks.commands import bench
 from benchmarks.report.markdown import sizing
 from benchmarks.results import schema
 from benchmarks.run.grpo import configuration, timed_steps, worker
@@ -109,12 +110,12 @@ def test_a_device_gets_its_profile_and_hardware_class(name, memory_gib, expected
 def test_the_default_profile_on_a_cuda_machine_comes_from_its_first_visible_gpu(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     nvml = FakeNVML(gpu("NVIDIA H200", 140.4), gpu("NVIDIA GeForce RTX 4090", 23.99, index=1))
-    assert cli.detect(nvml)[:2] == ("h200", "h200")
+    assert bench.detect(nvml)[:2] == ("h200", "h200")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    assert cli.detect(nvml)[:2] == ("24gb", "rtx4090")
+    assert bench.detect(nvml)[:2] == ("24gb", "rtx4090")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-00000001")  # a UUID's prefix, as CUDA takes it
-    assert cli.detect(nvml)[:2] == ("24gb", "rtx4090")
-    assert cli.detect(FakeNVML())[:2] == ("cpu", None)
+    assert bench.detect(nvml)[:2] == ("24gb", "rtx4090")
+    assert bench.detect(FakeNVML())[:2] == ("cpu", None)
 
 
 def test_device_memory_counts_this_run_s_processes_on_its_own_devices_above_a_baseline():
@@ -141,7 +142,7 @@ def test_unified_memory_answering_not_supported_falls_back_to_meminfo_and_says_s
     meminfo.write_text(f"MemTotal:       {128 * 2**20} kB\nMemAvailable:   {100 * 2**20} kB\n")
     assert memory.read({0: {1}}) == ({0: None}, 20 * GIB)
     assert "/proc/meminfo" in memory.source
-    assert cli.detect(nvml)[:2] == ("spark", "spark")
+    assert bench.detect(nvml)[:2] == ("spark", "spark")
 
 
 # The stand-in reads the job the harness wrote and takes its test hooks from the environment (STAND_IN_*),
@@ -511,9 +512,9 @@ def test_every_catalogued_class_names_a_profile_that_runs_on_it():
 def test_several_gpus_of_a_class_with_a_node_profile_run_it(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     nvml = FakeNVML(*(gpu("NVIDIA H100 80GB HBM3", 79.65, index=i) for i in range(8)))
-    assert cli.detect(nvml)[:2] == ("h100-node", "h100")
+    assert bench.detect(nvml)[:2] == ("h100-node", "h100")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # one of them: one GPU's profile
-    assert cli.detect(nvml)[:2] == ("h100", "h100")
+    assert bench.detect(nvml)[:2] == ("h100", "h100")
     assert install_plan.classify("NVIDIA H200", 140.4, gpus=8) == ("h200", "h200")  # a class without a node profile
 
 
@@ -521,6 +522,6 @@ def test_the_cpu_profile_sees_no_gpu_where_the_bench_session_hid_them(monkeypatc
     # `--profile cpu` on a GPU machine: the session sets CUDA_VISIBLE_DEVICES=-1; NVML still lists the GPUs
     nvml = FakeNVML({"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-1", "total": 80 * GIB, "used": 0})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
-    profile, hardware, seen = cli.detect(nvml)
+    profile, hardware, seen = bench.detect(nvml)
     assert (profile, hardware) == ("cpu", None) and "CUDA_VISIBLE_DEVICES=-1 hides every GPU" in seen
     assert nvml_gpus.visible_gpus(nvml) == [] and len(nvml_gpus.describe(nvml)) == 1

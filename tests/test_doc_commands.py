@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.catalog.profiles import Levers, load_hardware
 from benchmarks.cli import main
-from benchmarks.estimating import parse_levers
+from benchmarks.commands.estimate import parse_levers
 from benchmarks.model import guide
 from benchmarks.report.markdown import sizing
 

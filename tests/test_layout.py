@@ -19,9 +19,7 @@ LAYERS = {
     "rewardbench": 3,  # the pytest-benchmark reward suite, a runner of its own
     "report": 4,  # tables, comparisons, figures from result files
     "cli": 5,
-    "estimating": 5,  # the estimate command
-    "planning": 5,  # the plan command
-    "summaries": 5,  # what each part prints when it ends
+    "commands": 5,  # one module per command a user types, and what each part prints when it ends
     "__main__": 5,
 }
 

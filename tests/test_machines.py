@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from test_devices import GIB, FakeNVML
 
-from benchmarks import cli
 from benchmarks.catalog import install_plan
 from benchmarks.catalog.profiles import configurations, load, load_hardware, load_shapes
+from benchmarks.commands import bench
 from benchmarks.model.memory.predict import as_run
 from benchmarks.model.profile_fit import predicted_fits
 from benchmarks.run.grpo.timed_steps import unified_over_cap
@@ -257,8 +257,8 @@ def test_install_and_run_name_the_same_gpus_and_class_on_every_recorded_machine(
         monkeypatch.delenv(name_set_by_the_run)
     for key, value in {**environ, **handed}.items():
         monkeypatch.setenv(key, value)
-    cli.pin_devices(nvml)  # as the run does first: mixed models pinned to the chosen ones
-    profile, hardware, seen = cli.detect(nvml)
+    bench.pin_devices(nvml)  # as the run does first: mixed models pinned to the chosen ones
+    profile, hardware, seen = bench.detect(nvml)
     if handed.get("CUDA_VISIBLE_DEVICES") == "-1" or not chosen.devices:  # the cpu profile, or every GPU hidden
         assert (profile, hardware) == ("cpu", None) and (chosen.devices or installed.driver is None)
         return

@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks.catalog import install_plan, profiles
 from benchmarks.catalog.targets import ESTIMATE_WITHIN
+from benchmarks.commands import bench
 from benchmarks.results import schema
 from benchmarks.run import model_dirs
 from benchmarks.run.machine import pace
@@ -147,11 +148,10 @@ def test_the_pace_lands_in_a_grpo_file_and_in_a_rewards_block(tmp_path, grpo_run
 
 
 def test_a_gpu_profile_is_not_calibrated_and_takes_its_class_s_own_earlier_run_unscaled(tmp_path, grpo_run, capsys):
-    from benchmarks import cli
     from benchmarks.report.markdown import time_tables
 
     h100 = profiles.load("h100")
-    assert cli.calibrated(h100) is None and "no CPU calibration" in capsys.readouterr().out
+    assert bench.calibrated(h100) is None and "no CPU calibration" in capsys.readouterr().out
     then = schema.Pace(calibration=None, part_s=300.0, estimated_s=250.0, reference=None, predicted=True)
     ran = [configuration(name, 75.0) for name, _ in profiles.configurations(h100.grpo)]
     run = grpo_run(configurations=ran, complete=True, quick=False, pace=then)

@@ -7,9 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks import REPO, summaries
+from benchmarks import REPO
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.cli import main
+from benchmarks.commands import summaries
 from benchmarks.model import guide, search
 from benchmarks.model.memory.predict import GIB
 from benchmarks.report.markdown import sizing

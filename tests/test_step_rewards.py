@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from benchmarks import cli
 from benchmarks.catalog import profiles
+from benchmarks.commands import bench
 from benchmarks.run.grpo import trainer, worker
 from benchmarks.run.grpo.job import Job
 
@@ -91,12 +91,12 @@ def test_the_profile_s_thresholds_reach_the_processes_a_run_starts(monkeypatch):
     assert freed_bytes(environment) < 16 << 20  # glibc's own: the heap keeps them
     monkeypatch.setattr(os, "environ", dict(environment))
     monkeypatch.setattr(worker, "fix_malloc_thresholds", lambda threshold: None)  # not this test process's heap
-    cli.fix_malloc_thresholds(profiles.load("cpu"))
+    bench.fix_malloc_thresholds(profiles.load("cpu"))
     assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "131072" == os.environ["MALLOC_TRIM_THRESHOLD_"]
     assert freed_bytes(dict(os.environ)) > 48 << 20  # fixed: every block given back
 
 
 def test_a_gpu_profile_leaves_glibc_alone(monkeypatch):
     monkeypatch.setattr(os, "environ", {})
-    cli.fix_malloc_thresholds(profiles.load("h200"))
+    bench.fix_malloc_thresholds(profiles.load("h200"))
     assert "MALLOC_MMAP_THRESHOLD_" not in os.environ

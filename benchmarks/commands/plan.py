@@ -11,7 +11,7 @@ import time
 from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.catalog.targets import PLAN_S
-from benchmarks.estimating import cost_line, model_command, recipe_levers, recipe_of, why_not_lines
+from benchmarks.commands.estimate import cost_line, model_command, recipe_levers, recipe_of, why_not_lines
 from benchmarks.model import guide, search
 from benchmarks.model.memory import predict
 from benchmarks.report.markdown import sizing
