@@ -7,7 +7,7 @@ pytest.importorskip("trl")
 pytest.importorskip("deepspeed")
 
 from benchmarks.catalog.profiles import Levers, load_shapes  # noqa: E402
-from benchmarks.model.memory.predict import rank_model_states  # noqa: E402
+from benchmarks.model.memory.sharding import rank_model_states  # noqa: E402
 from benchmarks.run.grpo import configuration, launch, multinode  # noqa: E402
 from benchmarks.run.grpo.job import Job  # noqa: E402
 from benchmarks.run.model_dirs import materialise  # noqa: E402

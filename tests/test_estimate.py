@@ -7,7 +7,9 @@ import pytest
 
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
 from benchmarks.cli import main
-from benchmarks.model.memory.predict import GIB, Workload, estimate, largest_layer_params, on_gpus, rank_model_states
+from benchmarks.model.memory.placement import on_gpus
+from benchmarks.model.memory.predict import GIB, Workload, estimate
+from benchmarks.model.memory.sharding import largest_layer_params, rank_model_states
 
 SHAPES = ("0.5b", "7b", "14b", "32b", "70b", "72b")
 

@@ -19,7 +19,7 @@ from test_devices import GIB, FakeNVML
 from benchmarks.catalog import install_plan
 from benchmarks.catalog.profiles import configurations, load, load_hardware, load_shapes
 from benchmarks.commands import bench
-from benchmarks.model.memory.predict import as_run
+from benchmarks.model.memory.placement import as_run
 from benchmarks.model.profile_fit import predicted_fits
 from benchmarks.run.grpo.timed_steps import unified_over_cap
 from benchmarks.run.machine import nvml_gpus, pace

@@ -12,7 +12,7 @@ import tomllib
 from benchmarks import REPO
 from benchmarks.catalog import profiles
 from benchmarks.model import guide, search
-from benchmarks.model.memory import predict
+from benchmarks.model.memory import placement, predict
 from benchmarks.model.time import calibration, engine_work, work_rates
 from benchmarks.report import time_validation
 from benchmarks.results import schema
@@ -141,9 +141,9 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     if args.min_gpus:
         found = search.smallest(ask, hardware, card)
         if found is None:
-            print(f"{args.shape} does not fit any count up to {predict.GPU_COUNTS[-1]} x {hardware.name} (predicted)")
-            why = search.why_not(ask, hardware, card, predict.GPU_COUNTS[-1])
-            print("\n".join(why_not_lines(why, hardware.name, predict.GPU_COUNTS[-1])))
+            print(f"{args.shape} does not fit any count up to {placement.GPU_COUNTS[-1]} x {hardware.name} (predicted)")
+            why = search.why_not(ask, hardware, card, placement.GPU_COUNTS[-1])
+            print("\n".join(why_not_lines(why, hardware.name, placement.GPU_COUNTS[-1])))
             return 1
         levers, server = found.levers, found.server_gpus
     else:
@@ -326,7 +326,7 @@ def add_options(commands: argparse._SubParsersAction) -> None:
     guess.add_argument(
         "--min-gpus",
         action="store_true",
-        help=f"the smallest GPU count of {predict.GPU_COUNTS} that fits these levers",
+        help=f"the smallest GPU count of {placement.GPU_COUNTS} that fits these levers",
     )
     guess.add_argument(
         "--price-per-gpu-hour", type=float, help="a GPU-hour's price: the cost is printed beside the hours"

@@ -13,7 +13,7 @@ from benchmarks.catalog import profiles
 from benchmarks.catalog.targets import PLAN_S
 from benchmarks.commands.estimate import cost_line, model_command, recipe_levers, recipe_of, why_not_lines
 from benchmarks.model import guide, search
-from benchmarks.model.memory import predict
+from benchmarks.model.memory import placement, predict
 from benchmarks.report.markdown import sizing
 from benchmarks.report.time_validation import error_line
 from benchmarks.results import schema
@@ -70,7 +70,7 @@ def run_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     setups = search.plan(ask, cards)
     searched_s = time.perf_counter() - started
     print(f"{args.shape} ({ask.shape.param_count() / 1e9:.4g}B params, {ask.dtype}): {job.line()}")
-    unfed = [c for c in predict.GPU_COUNTS if c not in ask.fed_counts()]
+    unfed = [c for c in placement.GPU_COUNTS if c not in ask.fed_counts()]
     if unfed:
         print(
             f"not offered: {', '.join(map(str, unfed))} trainer GPUs: the global batch of {job.global_batch} does not "
@@ -87,10 +87,10 @@ def run_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     for card in unfit:
         hardware = cards[card]
         why = search.why_not(
-            dataclasses.replace(ask, base=search.lightest(ask)), hardware, card, predict.GPU_COUNTS[-1]
+            dataclasses.replace(ask, base=search.lightest(ask)), hardware, card, placement.GPU_COUNTS[-1]
         )
-        print(f"\n{hardware.name}: nothing fits up to {predict.GPU_COUNTS[-1]} GPUs with the lightest levers free")
-        print("\n".join(why_not_lines(why, hardware.name, predict.GPU_COUNTS[-1])))
+        print(f"\n{hardware.name}: nothing fits up to {placement.GPU_COUNTS[-1]} GPUs with the lightest levers free")
+        print("\n".join(why_not_lines(why, hardware.name, placement.GPU_COUNTS[-1])))
     claim = f"a plan of one shape over {len(cards)} cards and every count in under {PLAN_S:g} s"
     print(Target.at_most(claim, searched_s, PLAN_S).line() + " (seconds, this machine)")
     return 0 if setups else 1

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from benchmarks.catalog.levers import GUIDE_LEVERS, GUIDE_PROMPT_TOKENS, Levers, differences
 from benchmarks.catalog.profiles import Hardware
 from benchmarks.catalog.shapes import Shape
-from benchmarks.model.memory.predict import Workload, engine_sized_to_rollout
+from benchmarks.model.memory.placement import engine_sized_to_rollout
+from benchmarks.model.memory.predict import Workload
 
 # The guide's residency: policy, reference model (the KL term) and a colocated vLLM engine; one prompt's 8
 # generations of 1024 tokens after a 256-token prompt a GPU, bf16.

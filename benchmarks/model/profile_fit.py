@@ -1,5 +1,5 @@
 """A profile against both models before it runs: each GRPO configuration as the run hands it to the trainer
-(``predict.as_run``), its predicted peak per rank and whether it fits the profile's budget on its class; and on a
+(``placement.as_run``), its predicted peak per rank and whether it fits the profile's budget on its class; and on a
 GPU class a first run's time, part by part, where no earlier run of the profile gives it."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from benchmarks.catalog.profiles import (
 )
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.memory.decode_bytes import decode_step_bytes
-from benchmarks.model.memory.predict import DTYPE_BYTES, GIB, MODELLED_OPTIMIZERS, Workload, as_run, estimate
+from benchmarks.model.memory.placement import as_run
+from benchmarks.model.memory.predict import DTYPE_BYTES, GIB, MODELLED_OPTIMIZERS, Workload, estimate
 from benchmarks.model.time.calibration import fitted, fitted_rates
 from benchmarks.model.time.phase_seconds import step_time
 from benchmarks.model.time.work_rates import Rates

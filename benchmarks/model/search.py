@@ -13,7 +13,8 @@ from benchmarks.catalog.levers import MODELS, Levers, combination_problem
 from benchmarks.catalog.profiles import Hardware
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model import guide
-from benchmarks.model.memory.predict import GIB, GPU_COUNTS, Estimate, estimate, on_gpus
+from benchmarks.model.memory.placement import GPU_COUNTS, on_gpus
+from benchmarks.model.memory.predict import GIB, Estimate, estimate
 from benchmarks.model.time.calibration import fitted_rates
 from benchmarks.model.time.engine_work import kv_held
 from benchmarks.model.time.phase_seconds import StepTime, phase_work, timed

@@ -8,7 +8,7 @@ import pandas as pd
 
 from benchmarks.catalog.levers import differences
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
-from benchmarks.model.memory.predict import rank_model_states
+from benchmarks.model.memory.sharding import rank_model_states
 from benchmarks.report.validation import PHASE_ORDER, Check
 from benchmarks.results.schema import Configuration, ContextFile, DecodeFile, Rank, Result, RewardsFile, Summary
 

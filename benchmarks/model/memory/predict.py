@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from benchmarks.catalog.profiles import GrpoBench, Hardware, Levers
+from benchmarks.catalog.profiles import Hardware, Levers
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.memory.decode_bytes import kv_bytes_per_token
+from benchmarks.model.memory.sharding import ZERO_STAGE, rank_model_states
 from benchmarks.model.memory.terms import (
     CHECKPOINTED_RECOMPUTE_LAYERS,
     CPU_DEEPSPEED_TRANSIENT_GRADIENTS,
@@ -69,14 +70,6 @@ __all__ = [
     "lora_params",
     "qlora_weight_bytes",
     "estimate",
-    "rank_model_states",
-    "on_gpus",
-    "GPU_COUNTS",
-    "ZERO_STAGE",
-    "RankModelStates",
-    "largest_layer_params",
-    "engine_sized_to_rollout",
-    "as_run",
 ]
 
 
@@ -299,7 +292,7 @@ def _generate(est: Estimate, step: _Step) -> None:
 
 
 def _per_rank(est: Estimate, shape: Shape, dtype: str, levers: Levers, cuda: bool) -> None:
-    """The model-state terms of ``est`` as one rank holds them (``rank_model_states``); activations,
+    """The model-state terms of ``est`` as one rank holds them (``sharding.rank_model_states``); activations,
     logits and the engine are per rank already (the workload is one rank's micro-batch)."""
     states = rank_model_states(shape, dtype, levers)
     whole_gradients = est.phases["training"]["gradients"]  # one device's, before the rank's replace it
@@ -350,132 +343,3 @@ def _per_rank(est: Estimate, shape: Shape, dtype: str, levers: Levers, cuda: boo
         )
     if states.host:
         est.notes["host_offload"] = f"{states.host / GIB:.1f} GiB of model states per rank in host memory (offload)"
-
-
-# The ZeRO stage each distributed type runs (DDP: none; FSDP2 shards like stage 3).
-ZERO_STAGE = {"no": 0, "ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp2": 3}
-
-
-def largest_layer_params(shape: Shape) -> int:
-    """The most parameters one module holds of its own: what ZeRO-3 and FSDP2 gather at once, and what
-    DeepSpeed's estimator takes as ``largest_layer_params`` (``estimate_zero3_model_states_mem_needs_all_live``
-    takes the largest module's own parameters): the embedding, a dense MLP's widest linear, or a MoE's
-    experts, which transformers 5 holds as one module of 3-D tensors."""
-    h = shape.hidden_size
-    within = shape.num_experts * shape.expert_params() if shape.moe else h * shape.intermediate_size
-    return max(shape.vocab_size * h, within)
-
-
-@dataclass(frozen=True)
-class RankModelStates:
-    """Predicted bytes of model state on one rank's device (``schema.ModelStates``'s terms, and DeepSpeed's
-    fp32 gradient copy); ``gathered`` is the largest layer gathered at once (ZeRO-3, FSDP2), ``host`` what
-    offload keeps in host memory instead."""
-
-    parameters: int
-    master: int
-    optimizer: int
-    gradients: int
-    fp32_gradients: int = 0
-    gathered: int = 0
-    host: int = 0
-
-    @property
-    def total(self) -> int:
-        """The states a rank holds across the step (what it holds after an optimizer step, but for
-        ZeRO-1/2, which free their gradient partition then)."""
-        return self.parameters + self.master + self.optimizer + self.gradients
-
-
-def rank_model_states(shape: Shape, dtype: str, levers: Levers) -> RankModelStates:
-    """Model states per rank over ``levers.world_size`` ranks, as the ZeRO paper partitions them
-    (Rajbhandari et al. 2020: ZeRO-1 optimizer states, ZeRO-2 + gradients, ZeRO-3 + parameters) and as
-    DeepSpeed counts them in its own estimators (``estimate_zero2/3_model_states_mem_needs``: per parameter
-    2 B 16-bit parameters, and of each rank's partition 2 B 16-bit and 4 B fp32 gradients, 4 B fp32
-    master, 8 B AdamW states; ZeRO-3 accumulates gradients in fp32 only; the largest layer gathered at
-    4 B a parameter). DeepSpeed keeps the fp32 master even for fp32 parameters (``clone().float()`` in
-    stage_1_and_2.py and stage3.py). Optimizer offload moves master, states and gradients to the host,
-    parameter offload (ZeRO-3) the parameter partitions too. Without DeepSpeed (DDP, FSDP2) the optimizer
-    keeps its states in the parameters' dtype and there is no master; FSDP2 shards all three."""
-    b = DTYPE_BYTES[dtype]
-    params = shape.param_count()
-    peft = levers.peft
-    trainable = trainable_params(shape, levers)
-    trainable_bytes = trainable_element_bytes(levers, dtype)
-    world, stage = levers.world_size, ZERO_STAGE[levers.distributed_type]
-    deepspeed = levers.distributed_type.startswith("zero")
-    weights = qlora_weight_bytes(shape, b) if levers.model == "qlora" else params * b
-    parameters = weights + (trainable * trainable_bytes if peft else 0)
-    if stage == 3:
-        parameters /= world
-    states = 1 if levers.optim.endswith("8bit") else (4 if deepspeed else trainable_bytes)
-    optimizer = 2 * trainable * states / (world if stage >= 1 else 1)
-    if deepspeed and stage == 3:
-        gradients = trainable * 4 / world  # fp32 accumulation partition
-    else:
-        gradients = trainable * trainable_bytes / (world if stage >= 2 else 1)
-    master = trainable * 4 / world if deepspeed else 0
-    fp32_gradients = trainable * 4 / world if deepspeed and stage < 3 and trainable_bytes < 4 else 0
-    gathered = 4 * largest_layer_params(shape) if stage == 3 else 0
-    host = 0.0
-    if deepspeed and levers.offload_optimizer_device == "cpu":
-        host += master + optimizer + gradients + fp32_gradients
-        master = optimizer = gradients = fp32_gradients = 0
-    if deepspeed and levers.offload_param_device == "cpu":
-        host, parameters = host + parameters, 0
-    return RankModelStates(
-        parameters=int(parameters),
-        master=int(master),
-        optimizer=int(optimizer),
-        gradients=int(gradients),
-        fp32_gradients=int(fp32_gradients),
-        gathered=int(gathered),
-        host=int(host),
-    )
-
-
-# GPU counts a size class is sized for: one machine's 1, 2, 4, 8 GPUs, then whole 8-GPU machines.
-GPU_COUNTS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
-
-
-def on_gpus(levers: Levers, count: int) -> Levers:
-    """``levers`` over ``count`` GPUs: up to 8 ranks a machine; many ranks with no distributed type
-    given run ZeRO-3 (TRL's recipe for large models); a colocated engine split over a machine's ranks
-    (tensor parallel), as TRL's ``vllm_tensor_parallel_size`` does. Levers already on ``count`` GPUs keep their
-    split into machines."""
-    machines = levers.num_machines if levers.world_size == count else max(1, count // 8)
-    ranks = count // machines
-    kind = levers.distributed_type if count == 1 or levers.distributed_type != "no" else "zero3"
-    tp = (
-        ranks
-        if levers.use_vllm and levers.vllm_mode == "colocate" and levers.vllm_tensor_parallel_size == 1
-        else levers.vllm_tensor_parallel_size
-    )
-    offloaded = "cpu" in (levers.offload_param_device, levers.offload_optimizer_device)
-    return levers.changed(
-        num_processes=ranks,
-        num_machines=machines,
-        distributed_type="no" if count == 1 and not offloaded else kind,  # ZeRO offload runs on one rank too
-        vllm_tensor_parallel_size=tp if ranks % tp == 0 else 1,
-    )
-
-
-def engine_sized_to_rollout(shape: Shape, dtype: str, levers: Levers, work: Workload, hardware: Hardware) -> Levers:
-    """A colocated engine's share sized to the rollout: its weights in its own precision (4-bit for QLoRA, as TRL
-    starts it), the workload's KV cache and vLLM's overheads, with 10% slack (at most 0.95 of the device)."""
-    need = engine_need(shape, dtype, levers, work).total
-    return levers.changed(vllm_gpu_memory_utilization=min(0.95, 1.1 * need / (hardware.memory_gib * GIB)))
-
-
-def as_run(bench: GrpoBench, levers: Levers, shape: Shape, hardware: Hardware) -> Levers:
-    """The levers as a run of ``bench`` hands them to the trainer: an unset ``vllm_max_model_length`` becomes the
-    workload's prompt + completion (+ 8 for special tokens), so that vLLM reserves KV for this run's sequences and
-    not the shape's whole context; with ``engine_share = "rollout"``, a colocated engine on a GPU of known memory
-    gets the share its rollout needs."""
-    if levers.vllm_max_model_length is None:
-        levers = levers.changed(vllm_max_model_length=bench.prompt_words + levers.max_completion_length + 8)
-    colocated = levers.use_vllm and levers.vllm_mode == "colocate" and hardware.gpu_class != "cpu"
-    if bench.engine_share == "rollout" and colocated and hardware.memory_gib:
-        work = Workload.from_levers(levers, bench.prompt_words)
-        levers = engine_sized_to_rollout(shape, bench.dtype, levers, work, hardware)
-    return levers

@@ -13,7 +13,8 @@ from benchmarks.catalog.levers import GUIDE_LEVERS, MODELS
 from benchmarks.catalog.profiles import Hardware, Levers, load_hardware, load_shapes
 from benchmarks.model import guide, search
 from benchmarks.model.guide import GUIDE_BASE, GUIDE_DTYPE, GUIDE_RECIPE, GUIDE_WORKLOAD, LADDER
-from benchmarks.model.memory.predict import GIB, GPU_COUNTS, estimate, on_gpus
+from benchmarks.model.memory.placement import GPU_COUNTS, on_gpus
+from benchmarks.model.memory.predict import GIB, estimate
 from benchmarks.model.time.calibration import fitted
 from benchmarks.model.time.work_rates import Rates
 from benchmarks.report import frames

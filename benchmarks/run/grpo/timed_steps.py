@@ -36,7 +36,9 @@ from benchmarks.catalog.targets import (
     ZERO3_STATES_WITHIN,
     part_limit_s,
 )
-from benchmarks.model.memory.predict import GIB, as_run, rank_model_states
+from benchmarks.model.memory.placement import as_run
+from benchmarks.model.memory.predict import GIB
+from benchmarks.model.memory.sharding import rank_model_states
 from benchmarks.model.profile_fit import predicted_fits
 from benchmarks.results import schema
 from benchmarks.run.ceilings import INVALID, step_fault
@@ -194,7 +196,7 @@ def distributed_targets(
     records: list[schema.Configuration], wall_s: float, quick: bool, shape: Shape, dtype: str
 ) -> list[schema.Target]:
     """The many-ranks part's targets, as measured in this run: ZeRO-3's per-rank model states against
-    the analytic model's (``predict.rank_model_states``), the harness's overhead, the part's time."""
+    the analytic model's (``sharding.rank_model_states``), the harness's overhead, the part's time."""
     errors = []
     for record in records:
         levers = record.lever_values
