@@ -13,8 +13,8 @@ from benchmarks.model.memory.predict import GIB, OUTSIDE_ALLOCATED
 from benchmarks.report import validation
 from benchmarks.results import schema
 from benchmarks.run.grpo import worker
-from benchmarks.run.grpo.configuration import summarise
 from benchmarks.run.grpo.job import Job
+from benchmarks.run.grpo.outcome import summarise
 from benchmarks.run.grpo.worker import Phases
 from benchmarks.run.machine import provenance
 from benchmarks.run.max_context import contender_runs

@@ -16,7 +16,7 @@ from benchmarks.model.memory.predict import GIB
 from benchmarks.report.markdown import sizing
 from benchmarks.results.records import readable
 from benchmarks.run.grpo.channel import RankReports
-from benchmarks.run.grpo.configuration import silent_ending
+from benchmarks.run.grpo.outcome import silent_ending
 
 HARDWARE = load_hardware()
 

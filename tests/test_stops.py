@@ -15,7 +15,7 @@ from benchmarks.catalog.profiles import load, load_hardware, load_shapes
 from benchmarks.report import frames, validation
 from benchmarks.report.markdown import regenerate
 from benchmarks.results import schema
-from benchmarks.run.grpo import configuration, timed_steps
+from benchmarks.run.grpo import outcome, timed_steps
 
 psutil = pytest.importorskip("psutil")
 
@@ -57,7 +57,7 @@ def finished_configuration(job, budget, log, timeout_s=None):
         completion_tokens_per_s=32.0,
         peak_rss_bytes={"rollout": 900 << 20, "forward_backward": 1200 << 20},
     )
-    return schema.WorkerRecord(status="ok", steps=[step], summary=configuration.summarise([step], schema.HOST_RSS))
+    return schema.WorkerRecord(status="ok", steps=[step], summary=outcome.summarise([step], schema.HOST_RSS))
 
 
 def test_a_grpo_file_cut_in_its_third_configuration_keeps_two_citable_ones(monkeypatch, tmp_path):

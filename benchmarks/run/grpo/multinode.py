@@ -17,14 +17,9 @@ from typing import Any
 from benchmarks.results import schema
 from benchmarks.run.grpo import cluster, launch
 from benchmarks.run.grpo.channel import free_port
-from benchmarks.run.grpo.configuration import (
-    die_with_parent,
-    merged_steps,
-    run_configuration,
-    skipped,
-    summarise,
-)
+from benchmarks.run.grpo.configuration import die_with_parent, run_configuration, skipped
 from benchmarks.run.grpo.job import Job
+from benchmarks.run.grpo.outcome import merged_steps, summarise
 from benchmarks.run.grpo.worker import SERVER_NEEDS_CUDA, server_command
 
 
