@@ -18,7 +18,7 @@ from benchmarks.catalog import interpreter  # noqa: E402  (free of tomllib: it r
 if interpreter.too_old(sys.version_info):
     sys.exit(interpreter.too_old(sys.version_info))  # one line, before anything below needs 3.11
 
-from benchmarks.catalog import images, install_plan  # noqa: E402
+from benchmarks.catalog import images, install_plan, machine_probe  # noqa: E402
 
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests"]
@@ -129,7 +129,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Run a benchmark profile and write its result files (default profile: this hardware's)."""
-    plan = install_plan.plan(install_plan.read(), _option(session.posargs, "--profile"))
+    plan = install_plan.plan(machine_probe.read(), _option(session.posargs, "--profile"))
     if isinstance(plan, str):  # before anything is installed: the driver, the profile or the architecture
         session.error(plan)
     for line in plan.lines():
@@ -218,7 +218,7 @@ def _contender_session(name: str, pins: tuple[str, ...]) -> None:
 
 def _machine_stack(session: nox.Session) -> install_plan.Stack:
     """The stack whose torch this machine's GPU runs (the CPU stack's without one), else the session stops."""
-    stack = install_plan.machine_stack(install_plan.read())
+    stack = install_plan.machine_stack(machine_probe.read())
     if isinstance(stack, str):
         session.error(stack)
     return stack

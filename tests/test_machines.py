@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_devices import GIB, FakeNVML
 
-from benchmarks.catalog import install_plan
+from benchmarks.catalog import install_plan, machine_probe
 from benchmarks.catalog.profiles import configurations, load, load_hardware, load_shapes
 from benchmarks.commands import bench
 from benchmarks.model.memory.placement import as_run
@@ -203,12 +203,12 @@ def test_the_cpu_machine_keeps_its_own_stack():
 
 def test_nvidia_smi_is_read_as_the_plan_reads_it(tmp_path, monkeypatch):
     fake_smi(tmp_path, monkeypatch, "NVIDIA GB10, [N/A], 580.95.05", count=1)
-    machine = install_plan.read({"CUDA_HOME": "/usr/local/cuda"})
+    machine = machine_probe.read({"CUDA_HOME": "/usr/local/cuda"})
     assert (machine.gpu_name, machine.driver, machine.gpus, machine.toolkit) == ("NVIDIA GB10", "580.95.05", 1, True)
     assert machine.gpu_memory_gib > 0  # unified: MemTotal
     fake_smi(tmp_path, monkeypatch, "NVIDIA H100 80GB HBM3, 81559, 570.172.08", count=8)
-    assert install_plan.read({"CUDA_VISIBLE_DEVICES": "0,1"}).gpus == 2
-    assert install_plan.read({}).gpu_memory_gib == 79.65
+    assert machine_probe.read({"CUDA_VISIBLE_DEVICES": "0,1"}).gpus == 2
+    assert machine_probe.read({}).gpu_memory_gib == 79.65
 
 
 def fake_smi(tmp_path: Path, monkeypatch, row: str, count: int) -> None:
@@ -241,7 +241,7 @@ def test_install_and_run_name_the_same_gpus_and_class_on_every_recorded_machine(
         f"{d.index}, {d.uuid}, {d.name}, {round(d.memory_gib * 1024)}, {table['driver']}, {mig[d.mig]}"
         for d in recorded
     ])  # fmt: skip
-    installed = install_plan.read(environ)
+    installed = machine_probe.read(environ)
     assert installed == replace(MACHINES[name], **{f: getattr(installed, f) for f in SYSTEM})  # as recorded
     nvml = FakeNVML(*({"name": d.name, "uuid": d.uuid, "total": int(d.memory_gib * GIB), "used": 0, "mig": d.mig}
                       for d in recorded))  # fmt: skip
@@ -361,14 +361,14 @@ def test_a_failing_nvidia_smi_is_read_as_its_own_error_not_as_a_cpu_machine(tmp_
     smi.write_text("#!/bin/sh\necho 'Failed to initialize NVML: Driver/library version mismatch'\nexit 18\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    machine = install_plan.read({})
+    machine = machine_probe.read({})
     assert machine.driver is None and machine.smi_error.startswith("exit 18: Failed to initialize NVML")
     assert "nvidia-smi is installed but failed (exit 18" in install_plan.plan(machine)
 
 
 def test_a_compiler_is_found_where_triton_looks_for_one(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no gcc, no clang
-    assert not install_plan.read({}).compiler
-    assert install_plan.read({"CC": shutil.which("gcc", path="/usr/bin:/bin") or "/nonexistent"}).compiler == bool(
+    assert not machine_probe.read({}).compiler
+    assert machine_probe.read({"CC": shutil.which("gcc", path="/usr/bin:/bin") or "/nonexistent"}).compiler == bool(
         shutil.which("gcc", path="/usr/bin:/bin")
     )
