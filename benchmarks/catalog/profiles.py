@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import tomllib
-import types
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +38,7 @@ from benchmarks.catalog.levers import (
     positive,
 )
 from benchmarks.catalog.shapes import Shape
+from benchmarks.catalog.toml_tables import build, merge, read_table
 
 # Profiles are read with their levers: the levers' names (``levers``) are read as ``profiles.<name>`` too.
 __all__ = [
@@ -213,71 +211,6 @@ class Profile:
         return dataclasses.asdict(self)
 
 
-def _merge(base: dict, overlay: dict) -> dict:
-    merged = dict(base)
-    for key, value in overlay.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _coerce(value: Any, hint: Any, file: str, key: str) -> Any:
-    """``value`` as type ``hint`` (int, float, str, bool, X | None, tuple[X, ...], dict[str, list],
-    a dataclass), else ProfileError."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        options = [h for h in typing.get_args(hint) if h is not type(None)]
-        return None if value is None else _coerce(value, options[0], file, key)
-    if hint is Levers and isinstance(value, dict):
-        return _build(Levers, value, file, f"{key}.", partial=True)
-    if hint is dict:  # a partial table of levers, kept as given
-        if not isinstance(value, dict):
-            raise ProfileError(f"{file}: {key}: expected a table, got {type(value).__name__}")
-        _build(Levers, value, file, f"{key}.", partial=True)
-        return dict(value)
-    if typing.get_origin(hint) is dict:
-        if not isinstance(value, dict):
-            raise ProfileError(f"{file}: {key}: expected a table, got {type(value).__name__}")
-        return {k: _coerce(v, list, file, f"{key}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise ProfileError(f"{file}: {key}: expected a table, got {type(value).__name__}")
-        return _build(hint, value, file, f"{key}.")
-    if typing.get_origin(hint) is tuple:
-        if not isinstance(value, list):
-            raise ProfileError(f"{file}: {key}: expected a list, got {type(value).__name__}")
-        item = typing.get_args(hint)[0]
-        return tuple(_coerce(v, item, file, f"{key}[{i}]") for i, v in enumerate(value))
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
-        raise ProfileError(f"{file}: {key}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _build(cls: type, data: dict, file: str, prefix: str = "", partial: bool = False) -> Any:
-    """``cls`` from a table; ``partial``: missing keys take the field defaults."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in fields:
-            raise ProfileError(f"{file}: unknown key {prefix}{key!s}")
-    for name, field in fields.items():
-        has_default = field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
-        if name not in data and not (partial or has_default):
-            raise ProfileError(f"{file}: missing key {prefix}{name}")
-    return cls(**{name: _coerce(value, hints[name], file, prefix + name) for name, value in data.items()})
-
-
-def _read(path: Path) -> dict:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as error:
-        raise ProfileError(f"{path}: not valid TOML: {error}") from None
-
-
 # tables of classes, shapes, stacks, machines and images, not run profiles
 CATALOGS = ("hardware", "shapes", "contenders", "stacks", "machines", "images")
 
@@ -297,18 +230,18 @@ def load(name: str, quick: bool = False, directory: Path = PROFILES_DIR, hardwar
         data["hardware"] = hardware
     overlay = data.pop("quick", {})
     if quick:
-        data = _merge(data, overlay)
-    profile = _build(Profile, {"name": name, **data}, str(path))
+        data = merge(data, overlay)
+    profile = build(Profile, {"name": name, **data}, str(path))
     _check(profile, str(path))
     if not quick:
-        _build(Profile, _merge({"name": name, **data}, overlay), f"{path} [quick]")  # the overlay must be valid too
+        build(Profile, merge({"name": name, **data}, overlay), f"{path} [quick]")  # the overlay must be valid too
     return profile
 
 
 def _inherited(path: Path, directory: Path, seen: tuple[str, ...]) -> dict:
     """A profile's table over what it ``inherits``: another profile (itself resolved the same way), else
     ``base.toml``."""
-    own = _read(path)
+    own = read_table(path)
     if "quick" in own and not isinstance(own["quick"], dict):
         raise ProfileError(f"{path}: quick: expected a table")
     if path.stem == BASE:
@@ -316,7 +249,7 @@ def _inherited(path: Path, directory: Path, seen: tuple[str, ...]) -> dict:
     parent = own.pop("inherits", BASE)
     if not isinstance(parent, str) or not (directory / f"{parent}.toml").is_file() or parent in seen:
         raise ProfileError(f"{path}: inherits: {parent!r} is not another profile of {directory}")
-    return _merge(_inherited(directory / f"{parent}.toml", directory, (*seen, parent)), own)
+    return merge(_inherited(directory / f"{parent}.toml", directory, (*seen, parent)), own)
 
 
 def _check(profile: Profile, file: str) -> None:
@@ -399,7 +332,7 @@ def _check_grpo(grpo: GrpoBench, file: str, part: str) -> None:
         check_lever(name, value, file, f"{part}.levers.{name}")
     for name, values in grpo.matrix.items():
         for i, value in enumerate(values):
-            _build(Levers, {name: value}, file, f"{part}.matrix[{i}].", partial=True)
+            build(Levers, {name: value}, file, f"{part}.matrix[{i}].", partial=True)
             check_lever(name, value, file, f"{part}.matrix.{name}[{i}]")
     for i, extra in enumerate(grpo.extra):
         for name, value in extra.items():
@@ -439,7 +372,7 @@ def configurations(grpo: GrpoBench) -> list[tuple[str, Levers]]:
 
 def _catalog(name: str, cls: type) -> dict[str, Any]:
     path = PROFILES_DIR / f"{name}.toml"
-    return {key: _build(cls, table, str(path), f"{key}.") for key, table in _read(path).items()}
+    return {key: build(cls, table, str(path), f"{key}.") for key, table in read_table(path).items()}
 
 
 @functools.cache

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import REPO
-from benchmarks.catalog import profiles
+from benchmarks.catalog import profiles, toml_tables
 from benchmarks.catalog.levers import ProfileError
 
 PUBLISHED = REPO / "results" / "published"
@@ -121,7 +121,7 @@ def entries(directory: Path = PUBLISHED) -> list[Entry]:
 
 
 def load_source(path: Path) -> Source:
-    data = profiles._read(path)
+    data = toml_tables.read_table(path)
     file = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
     head = {k: v for k, v in data.items() if k != "entry"}
     for key in ("project", "document", "locator", "read"):
@@ -162,9 +162,9 @@ def _entry(item: dict, where: str, source: str) -> Entry:
     stated = setup.pop("stated", {})
     entry = Entry(
         **{key: data[key] for key in ENTRY_TEXT},
-        setup=dataclasses.replace(profiles._build(Setup, setup, where, "setup."), stated=stated),
-        figures={k: profiles._build(Figure, v, where, f"figures.{k}.") for k, v in data["figures"].items()},
-        mapping=profiles._build(Mapping, data["mapping"], where, "mapping.") if "mapping" in data else None,
+        setup=dataclasses.replace(toml_tables.build(Setup, setup, where, "setup."), stated=stated),
+        figures={k: toml_tables.build(Figure, v, where, f"figures.{k}.") for k, v in data["figures"].items()},
+        mapping=toml_tables.build(Mapping, data["mapping"], where, "mapping.") if "mapping" in data else None,
         unmapped=data.get("unmapped", ""),
         source=source,
     )
@@ -212,6 +212,6 @@ def _check_mapping(mapping: Mapping, where: str) -> None:
     if mapping.dtype not in profiles.DTYPES:
         raise ProfileError(f"{where}: mapping.dtype: {mapping.dtype!r} is not one of {', '.join(profiles.DTYPES)}")
     # each lever as the command line checks it: a name it knows, a value it accepts
-    profiles._build(profiles.Levers, mapping.levers, where, "mapping.levers.", partial=True)
+    toml_tables.build(profiles.Levers, mapping.levers, where, "mapping.levers.", partial=True)
     for name, value in mapping.levers.items():
         profiles.check_lever(name, value, where, f"mapping.levers.{name}")

@@ -10,7 +10,7 @@ import math
 import tomllib
 
 from benchmarks import REPO
-from benchmarks.catalog import profiles
+from benchmarks.catalog import profiles, toml_tables
 from benchmarks.model import guide, search
 from benchmarks.model.memory import placement, predict
 from benchmarks.model.time import calibration, engine_work, work_rates
@@ -40,7 +40,7 @@ def parse_levers(
         if key in table and table[key] != parsed:
             raise profiles.ProfileError(f"--levers: {key} given twice, as {table[key]!r} and {parsed!r}")
         table[key] = parsed
-    levers = profiles._build(profiles.Levers, dataclasses.asdict(base) | table, "--levers", partial=True)
+    levers = toml_tables.build(profiles.Levers, dataclasses.asdict(base) | table, "--levers", partial=True)
     for name, value in table.items():
         profiles.check_lever(name, value, "--levers", f"levers.{name}")
     if together:
