@@ -12,8 +12,6 @@ import statistics
 from dataclasses import dataclass
 from itertools import combinations
 
-import pandas as pd
-
 from benchmarks.catalog import published
 from benchmarks.catalog.contenders import BASELINE
 from benchmarks.catalog.profiles import load_hardware, load_shapes
@@ -362,43 +360,4 @@ def _reward_claim(results: list[Result]) -> Claim:
         "(no model: measured only)",
         (evidence(newest[0]),),
         "rewards.md",
-    )
-
-
-def quote(words: str) -> str:
-    """The guide's words in quotes; a note of ours (in parentheses) as it stands."""
-    return words if words.startswith("(") else f'"{words}"'
-
-
-def claims_markdown(claims: list[Claim]) -> str:
-    rows = [
-        {
-            "claim": claim.title,
-            "status": claim.status,
-            "measured": claim.measured,
-            "model": claim.model,
-            "published elsewhere": claim.published,
-            "evidence": "; ".join(f"{e.file} ({e.machine}, {e.commit}, {e.date})" for e in claim.evidence) or "none",
-            "detail": f"results/tables/{claim.detail}" if claim.detail else "",
-        }
-        for claim in claims
-    ]
-    quoted = [f"- **{claim.title}**: {quote(claim.guide)}" for claim in claims]
-    return (
-        "\n".join(
-            [
-                "Every claim of the guide the suite checks (docs/claims.md), its status and the evidence behind it. A "
-                "claim is measured here only by a result file of the hardware class it is about that runs the path "
-                "it is about; published elsewhere where a cited figure of its size and class decides it "
-                "(results/published, scored in tables/published.md); until then it rests on the model (predicted "
-                "only).",
-                "",
-                frames.markdown(pd.DataFrame(rows)),
-                "",
-                "What the guide says, in its own words (docs/claims.md gives each claim with its context):",
-                "",
-                *quoted,
-            ]
-        )
-        + "\n"
     )

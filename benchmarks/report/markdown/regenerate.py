@@ -29,7 +29,7 @@ from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
 from benchmarks.catalog.targets import MEMORY_WITHIN
 from benchmarks.model.memory.predict import GIB, Workload, estimate
 from benchmarks.report import frames
-from benchmarks.report.markdown import claims, time_tables
+from benchmarks.report.markdown import claims, ledger_page, time_tables
 from benchmarks.report.markdown.part_tables import context_table, decode_table, distributed_table, rewards_table
 from benchmarks.report.markdown.sizing import sizing_table
 from benchmarks.report.published_scores import published_table
@@ -172,7 +172,7 @@ def build(results: list[Result], every: list[Result] | None = None) -> dict[str,
         "model": model_table(with_fitted_runs(results, every))[0] + "\n" + time_tables.time_table(every),
         "distributed": distributed_table(results),
         "published": published_table(),
-        LEDGER: claims.claims_markdown(claims.ledger(results)),
+        LEDGER: ledger_page.claims_markdown(claims.ledger(results)),
     }
 
 
