@@ -1,4 +1,4 @@
-"""grpo-bench: profiles and catalogs -> running -> result files -> reports (see README, Layout)."""
+"""grpo-bench: catalogs -> the models -> running -> result files -> reports -> commands (README, Layout)."""
 
 from pathlib import Path
 

@@ -177,3 +177,11 @@ def test_a_word_s_inflections_read_alike():
     assert word("estimating") == word("estimate") and word("planning") == word("plan")
     assert word("machines") == word("machine") and word("timing") == word("time")
     assert word("search") != word("plan") and word("predict") != word("estimate")
+
+
+def test_the_readme_s_layout_names_every_room():
+    """Each room of the package has its line in the README's Layout, and the Layout names no room that is gone."""
+    layout = (PACKAGE.parent / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([\w/.]+)` \|", layout, re.MULTILINE))
+    rooms = {str(p.parent.relative_to(PACKAGE)) + "/" for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    assert listed == rooms | {"cli.py", "device/"}
