@@ -58,7 +58,7 @@ class Parts:
 def decode_engine(mapping: published.Mapping) -> tuple[Engine, Workload]:
     """A decode figure's engine: its batch over its tensor-parallel GPUs, each prompt its own, at most
     ``max_num_seqs`` of them running at once, and where its levers give a vLLM engine's share, no more than its
-    KV cache holds (``timing.kv_held``); the rest queued (``schedule.decode_schedule``)."""
+    KV cache holds (``engine_work.kv_held``); the rest queued (``schedule.decode_schedule``)."""
     work = Workload(mapping.sequences, mapping.prompt_tokens, mapping.completion_tokens)
     held = mapping.max_num_seqs or math.inf
     if mapping.levers.get("use_vllm"):
@@ -75,7 +75,7 @@ def decode_work(entry: published.Entry) -> dict[str, Work]:
 
 def trained_work(entry: published.Entry) -> dict[str, Work]:
     """A training figure's work on one of its GPUs for one sequence: its forward and backward (and recompute) through
-    every matmul and attention (``timing.forward_work``). Its sharding's collectives, its optimizer (spread over a
+    every matmul and attention (``work_rates.forward_work``). Its sharding's collectives, its optimizer (spread over a
     step of many sequences) and a framework's other kernels sit inside the share of peak it reaches."""
     mapping = entry.mapping
     levers = Levers().changed(**mapping.levers)

@@ -1,9 +1,10 @@
 """Seconds per phase of one GRPO step, per rank: the time model beside the memory model (``memory.predict``).
 
 Each phase is work over a rate. ``phase_work`` counts the work from the shape, the levers and the workload;
-``Rates`` are the machine's: on the machine at hand from its calibration (``benchmarks.run.machine.pace``) and
-coefficients fitted on one named run (``fit``), on a GPU class from its catalogued peaks times an efficiency
-stated with its source (``calibration.fitted_rates``), an assumption until a run on that class replaces it.
+``Rates`` (``work_rates``) are the machine's: on the machine at hand from its calibration
+(``benchmarks.run.machine.pace``) and coefficients fitted on one named run (``rates.fit``), on a GPU class from
+its catalogued peaks times an efficiency stated with its source (``calibration.fitted_rates``), an assumption until
+a run on that class replaces it.
 
 - rollout: by the engine that runs it (``engine_of``): a colocated vLLM engine decodes its tensor-parallel
   group's sequences, a server every rank's, transformers' generate a rank's own. Prefill's FLOPs (a prompt once

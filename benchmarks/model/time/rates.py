@@ -1,4 +1,4 @@
-"""The time model's rates (``timing.Rates``): a GPU class's from its catalogued peaks at constants fitted on
+"""The time model's rates (``work_rates.Rates``): a GPU class's from its catalogued peaks at constants fitted on
 published figures (``GpuConstants``, ``benchmarks.model.time.calibration``), the machine at hand's from its calibration
 times coefficients fitted on its own runs (``Coefficients``)."""
 

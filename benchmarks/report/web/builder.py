@@ -6,7 +6,7 @@ Pages, all plain files with relative links (open ``index.html`` or serve the fol
 ``python -m http.server``): the claims ledger first; the sizing table, each cell linking to the run behind it or
 marked predicted; a page per hardware class; a series per metric over every run; any two runs or classes side by
 side; every generated table; and a page per result file with its machine, commit and raw file. Made from the same
-records, frames and tables as ``nox -s tables``; the site's own pages are in ``site_pages``."""
+records, frames and tables as ``nox -s tables``; the site's own pages are in ``sitemap``."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A job on stdin names the engine (``transformers`` or ``vllm``), the model direct
 shape, dtype, and the points (batch x context) to decode; the worker prints one JSON line
 per point. Prefill is timed apart: time to first token is a one-token generation, and the
 decode time is the full generation minus it. Every completion is exactly ``new_tokens``
-long (EOS ignored). Achieved GB/s is the bytes those steps must move (``bandwidth.py``:
+long (EOS ignored). Achieved GB/s is the bytes those steps must move (``memory/decode_bytes.py``:
 every weight once per step, the whole KV cache of every sequence, the new K and V) over the
 decode time.
 
