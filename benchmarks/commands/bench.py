@@ -66,6 +66,18 @@ def chosen_profile(name: str | None, hardware: str | None, quick: bool = False) 
     return profiles.load(name, quick=quick, hardware=hardware)
 
 
+def started_profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> profiles.Profile:
+    """What a command that runs a profile does first: the environment printed, the devices pinned, and the
+    profile its options name (``--profile``, ``--hardware``, ``--quick``) or this machine's; a bad one is a
+    parser error."""
+    print_environment()
+    pin_devices()
+    try:
+        return chosen_profile(args.profile, args.hardware, args.quick)
+    except profiles.ProfileError as error:
+        parser.error(str(error))
+
+
 def print_environment() -> None:
     print(
         f"python {platform.python_version()} on {platform.machine()} "
@@ -190,12 +202,7 @@ def print_predicted_fits(profile: profiles.Profile) -> None:
 
 def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """The profile's parts (or those ``--only`` names), each writing its result file, then the run's pace."""
-    print_environment()
-    pin_devices()
-    try:
-        profile = chosen_profile(args.profile, args.hardware, args.quick)
-    except profiles.ProfileError as error:
-        parser.error(str(error))
+    profile = started_profile(parser, args)
     patterns = args.only.split(",") if args.only else []
     parts = [p for p in profile.parts if not patterns or any(fnmatch.fnmatch(p, x) for x in patterns)]
     configuration_filter = None

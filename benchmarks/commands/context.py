@@ -9,7 +9,7 @@ from pathlib import Path
 from benchmarks.catalog import profiles
 from benchmarks.catalog.contenders import CONTENDERS
 from benchmarks.commands import summaries
-from benchmarks.commands.bench import HARDWARE_HELP, chosen_profile, pin_devices, print_environment
+from benchmarks.commands.bench import HARDWARE_HELP, started_profile
 from benchmarks.commands.output import RESULTS, shown
 from benchmarks.run.max_context import contender_runs
 
@@ -39,12 +39,7 @@ def add_options(commands: argparse._SubParsersAction) -> None:
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    print_environment()
-    pin_devices()
-    try:
-        profile = chosen_profile(args.profile, args.hardware, args.quick)
-    except profiles.ProfileError as error:
-        parser.error(str(error))
+    profile = started_profile(parser, args)
     if profile.context is None:
         parser.error(f"profile {profile.name!r} has no [context] table")
     overrides: dict = {}
