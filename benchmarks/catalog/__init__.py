@@ -1,0 +1,2 @@
+"""Declarations read from ``profiles/``: profiles, levers, shapes, hardware, stacks, recorded machines,
+published figures and targets, as typed values."""

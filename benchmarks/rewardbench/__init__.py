@@ -1,0 +1,1 @@
+"""Reward-function throughput under pytest-benchmark, a runner of its own."""

@@ -1,0 +1,1 @@
+"""The tables under ``results/tables/``, the claims ledger, comparisons and their figures."""

@@ -1,0 +1,1 @@
+"""The static site of the results (``nox -s site``), rebuilt whole from the result files."""

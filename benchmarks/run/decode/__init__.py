@@ -1,0 +1,1 @@
+"""The decode sweep: decode speed and achieved bandwidth, one engine per process."""

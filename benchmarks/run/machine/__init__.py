@@ -1,0 +1,1 @@
+"""The machine at hand: its GPUs through NVML, the preflight check, provenance, pace, the bandwidth probe."""
