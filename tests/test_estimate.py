@@ -121,6 +121,21 @@ def test_seven_b_lora_on_a_24gb_card_says_why_not_and_what_would_fit_and_exits_n
     assert out.split("the smallest change that fits: ")[1].startswith("gradient_checkpointing=true: ")
 
 
+def test_min_gpus_says_when_the_global_batch_not_memory_ends_the_search(capsys):
+    """The guide's batch of 8 splits over at most 8 ranks: the search stops there, and ZeRO-3's optimizer states,
+    which it shards, are not called a rank's own."""
+    levers = "model=full,distributed_type=zero3,gradient_checkpointing=true"
+    asked = ["estimate", "--shape", "32b", "--hardware", "h100", "--min-gpus", "--levers", levers]
+    assert main(asked) == 1
+    out = capsys.readouterr().out
+    assert "any count up to 64" not in out and "does not fit any count up to 8 x" in out
+    assert "the global batch of 8 completions, not memory, bounds the search at 8 GPUs" in out
+    assert "--global-batch 64 lets it go on to 64" in out
+    assert "optimizer_state shrinks with more GPUs" in out and "each rank holds its own" not in out
+    assert main([*asked, "--global-batch", "256"]) == 0  # the batch that goes on finds a count
+    assert "32b (32.76B params, bfloat16) on 16 x" in capsys.readouterr().out
+
+
 def test_a_hint_names_the_configuration_that_results_in_words_not_a_ladder_label(capsys):
     assert main(["estimate", "--shape", "70b", "--hardware", "h200", "--levers", "model=qlora"]) == 1
     out = capsys.readouterr().out

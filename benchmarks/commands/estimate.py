@@ -141,9 +141,10 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     if args.min_gpus:
         found = search.smallest(ask, hardware, card)
         if found is None:
-            print(f"{args.shape} does not fit any count up to {placement.GPU_COUNTS[-1]} x {hardware.name} (predicted)")
-            why = search.why_not(ask, hardware, card, placement.GPU_COUNTS[-1])
-            print("\n".join(why_not_lines(why, hardware.name, placement.GPU_COUNTS[-1])))
+            fed = ask.fed_counts()
+            print(f"{args.shape} does not fit any count up to {fed[-1]} x {hardware.name} (predicted){fed_bound(ask)}")
+            why = search.why_not(ask, hardware, card, fed[-1])
+            print("\n".join(why_not_lines(why, hardware.name, fed[-1])))
             return 1
         levers, server = found.levers, found.server_gpus
     else:
@@ -214,6 +215,20 @@ def print_memory(est: predict.Estimate) -> None:
             print(f"  ({note})")
 
 
+def fed_bound(ask: search.Ask) -> str:
+    """Where the global batch, not memory, ends a search over GPU counts: in words, and the batch that goes on."""
+    fed, most = ask.fed_counts(), placement.GPU_COUNTS[-1]
+    if fed[-1] == most:
+        return ""
+    recipe = ask.recipe
+    wider = recipe.generations * math.lcm(recipe.prompts, most // math.gcd(most, recipe.generations))
+    return (
+        f": the global batch of {recipe.prompts * recipe.generations} completions, not memory, bounds the search at "
+        f"{fed[-1]} GPUs (it splits evenly over {', '.join(map(str, fed))}); --global-batch {wider} lets it go on to "
+        f"{most}"
+    )
+
+
 def why_not_lines(why: search.WhyNot, name: str, count: int) -> list[str]:
     """The binding term, whether it shrinks with GPUs, and the smallest change that fits, in words."""
     gib, bound = predict.GIB, why.bound
@@ -229,6 +244,7 @@ def why_not_lines(why: search.WhyNot, name: str, count: int) -> list[str]:
     if why.shrinks:
         lines.append(
             f"  {bound.term} shrinks with more GPUs: {readable(bound.most_gpus_bytes / gib)} GiB per GPU on {most}"
+            + (f", but this global batch feeds at most {bound.fed_most}" if bound.fed_most < most else "")
         )
     else:
         lines.append(f"  {bound.term} does not shrink with more GPUs: each rank holds its own, on 1 GPU or {most}")

@@ -321,26 +321,35 @@ def _changed(levers: Levers, change: dict) -> Levers | None:
 
 @dataclass(frozen=True)
 class Binding:
-    """What binds ``count`` GPUs of a card: the estimate's peak, its largest term in the peak phase, that term on
-    the most GPUs the recipe feeds (``most_gpus``, up to 64), and why an engine cannot start where it cannot."""
+    """What binds ``count`` GPUs of a card: the estimate's peak, its largest term in the peak phase, that term per
+    GPU on ``most_gpus`` (64) whatever the batch, and why an engine cannot start where it cannot; ``fed_most`` is the
+    most GPUs (up to 64) whose ranks the recipe's global batch splits over, where a search over counts stops."""
 
     term: str
     term_bytes: float
     peak: float
     most_gpus_bytes: float
     engine: str | None
+    fed_most: int = GPU_COUNTS[-1]
     most_gpus: int = GPU_COUNTS[-1]
 
 
 def binding(ask: Ask, hardware: Hardware, count: int) -> Binding:
-    """The binding term of ``ask.base`` on ``count`` GPUs of ``hardware``, and the same term on the most GPUs (up
-    to 64) whose ranks the recipe's batch feeds."""
+    """The binding term of ``ask.base`` on ``count`` GPUs of ``hardware`` (the most up to ``count`` the batch feeds),
+    and that term on more GPUs two ways: the batch spread over the most GPUs it feeds (a rank's activations shrink),
+    and the states partitioned over 64 (ZeRO, FSDP), each rank with the whole batch (no fewer activations): whether a
+    term shrinks is the partition's physics, not the batch's, and the batch may stop the search before it."""
     fed = ask.fed_counts()
     there = ask.predict(ask.on(ask.base, max(c for c in fed if c <= count), hardware), hardware)
-    at_most = ask.predict(ask.on(ask.base, fed[-1], hardware), hardware)
     term, term_bytes = max(there.phases[there.peak_phase].items(), key=lambda item: item[1])
-    most = at_most.phases.get(there.peak_phase, {}).get(term, term_bytes)
-    return Binding(term, term_bytes, there.peak, most, there.engine_cannot_start, fed[-1])
+    spread = ask.predict(ask.on(ask.base, fed[-1], hardware), hardware)
+    on_fed = spread.phases.get(there.peak_phase, {}).get(term, term_bytes)
+    wide = replace(ask, recipe=replace(ask.recipe, prompts=ask.recipe.prompts * GPU_COUNTS[-1]))
+    sharded = wide.predict(wide.on(wide.base, GPU_COUNTS[-1], hardware), hardware)
+    on_most = sharded.phases.get(there.peak_phase, {}).get(term, term_bytes)
+    if fed[-1] < GPU_COUNTS[-1] and on_most < 0.99 * on_fed:
+        return Binding(term, term_bytes, there.peak, on_most, there.engine_cannot_start, fed[-1])
+    return Binding(term, term_bytes, there.peak, on_fed, there.engine_cannot_start, fed[-1], fed[-1])
 
 
 def why_not(ask: Ask, hardware: Hardware, card: str, count: int = 1) -> WhyNot:
