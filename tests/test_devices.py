@@ -277,7 +277,9 @@ def test_a_worker_placed_on_a_gpu_that_trains_without_cuda_is_an_error_never_a_g
     path = tmp_path / "runs" / "h100" / "20261202T000000Z-grpo.json"
     path.parent.mkdir(parents=True)
     schema.write(path, ran)
-    assert sizing.measured_cells(schema.load_results(tmp_path / "runs")) == {}  # never a measured H100 cell
+    [(cell, _)] = sizing.measured_cells(schema.load_results(tmp_path / "runs")).values()
+    assert cell.startswith("failed: error") and "without CUDA" in cell  # said, and never an H100 fit either way
+    assert not cell.startswith(("fits", "does not fit"))
     monkeypatch.delenv("STAND_IN_CPU_TORCH")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CUDA is given no device at all: a CPU run, as asked
     record = configuration.run_configuration(job(tmp_path), None, tmp_path / "w2.log", python=stand_in, nvml=nvml)
@@ -386,8 +388,8 @@ def test_phase_boundaries_synchronize_cuda_before_the_clock_and_read_device_memo
     ],
 )
 def test_vllm_refusing_to_start_is_engine_cannot_start(message):
-    assert worker.engine_cannot_start(ValueError(message))
-    assert not worker.engine_cannot_start(ValueError("shape mismatch"))
+    assert worker.engine_refusal(repr(ValueError(message))).startswith("engine cannot start: the engine's share holds")
+    assert worker.engine_refusal(repr(ValueError("shape mismatch"))) is None
 
 
 def test_an_engine_process_refusing_to_start_is_recorded_as_engine_cannot_start(tmp_path, stand_in, monkeypatch):
@@ -395,7 +397,8 @@ def test_an_engine_process_refusing_to_start_is_recorded_as_engine_cannot_start(
     monkeypatch.setenv("STAND_IN_ENGINE_LOG", refusal)
     record = configuration.run_configuration(job(tmp_path), None, tmp_path / "w.log", python=stand_in, nvml=FakeNVML())
     assert record.status == "oom" and record.phase == "engine_start"
-    assert record.reason.startswith("engine cannot start: (EngineCore pid=7) ValueError: No available memory")
+    assert record.reason.startswith("engine cannot start: the engine's share holds its weights and overheads but no KV")
+    assert "(EngineCore pid=7) ValueError: No available memory for the cache blocks" in record.reason
 
 
 def test_the_worker_s_skip_reasons_name_what_is_missing():

@@ -45,6 +45,8 @@ def configurations(results: list[Result]) -> pd.DataFrame:
                     "levers": configuration.lever_values,
                     "change": lever_change(configuration.lever_values, base) + held_gpus(configuration),
                     "status": configuration.status,
+                    "phase": configuration.phase,
+                    "reason": configuration.reason,
                     "step_s": summary.step_s_median if summary else None,
                     "step_s_min": summary.step_s_min if summary else None,
                     "step_s_max": summary.step_s_max if summary else None,

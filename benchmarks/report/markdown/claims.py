@@ -110,12 +110,13 @@ def _anchor_claim(row: tuple, results: list[Result], entries: list[published.Ent
     model = _anchor_model(size, gpu_class, named)
     found = _published_for(size, gpu_class, entries)
     measured, file = measured_cells(results).get((size, gpu_class), (None, None))
-    if measured is not None:
+    cited = tuple(evidence(r) for r in results if r.path == file)
+    if measured is not None and not measured.startswith("failed"):  # a run that broke decides nothing
         status = HOLDS if measured.startswith("fits") else FAILS
-        cited = tuple(evidence(r) for r in results if r.path == file)
         return Claim(key, title, guide, status, measured, model, cited, "sizing.md", found.text)
     status = PREDICTED if found.holds is None else PUBLISHED_HOLDS if found.holds else PUBLISHED_FAILS
-    return Claim(key, title, guide, status, "no GRPO run on this class yet", model, (), "sizing.md", found.text)
+    measured = measured or "no GRPO run on this class yet"
+    return Claim(key, title, guide, status, measured, model, cited, "sizing.md", found.text)
 
 
 def _anchor_model(size: str, gpu_class: str, named: dict | None) -> str:

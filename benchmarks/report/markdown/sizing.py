@@ -112,29 +112,47 @@ def workload(row: pd.Series) -> str:
     )
 
 
+# What a configuration's run can end as and say of a fit: ``skipped`` and ``invalid`` runs measured nothing of it.
+ATTEMPTED = ("ok", "oom", "error", "timeout")
+
+
 def measured_cells(results: list[Result]) -> dict[tuple[str, str], tuple[str, str]]:
     """(size class, hardware class) -> the cell text from GRPO result files and the file, newest file first: the
-    lightest configuration that ran within its budget, or "does not fit" when every one ran out."""
+    lightest configuration that ran within its budget; "does not fit" only when every one ran out of memory; else
+    "failed" with the first failure's reason, never a fit verdict from a run that broke."""
     configurations = frames.configurations([r for r in results if not r.quick])
     if configurations.empty:
         return {}
-    ran = configurations[configurations.status.isin(["ok", "oom"])].copy()
+    ran = configurations[configurations.status.isin(ATTEMPTED)].copy()
     ran["lightness"], ran["label"] = ran.levers.map(_lightness), ran.levers.map(_lever_label)
     cells: dict[tuple[str, str], tuple[str, str]] = {}
     for (shape, size, file, date), group in ran.sort_values("date", kind="stable").groupby(
         ["shape", "gpu_class", "file", "date"], sort=False
     ):
-        where = f"measured: {file}, {date}"
-        fits = group[group.status == "ok"].sort_values("lightness", kind="stable")
-        if len(fits):
-            best = fits.iloc[0]
-            what = "device" if "device" in best.peak_measure else "host RSS"
-            timed = f"{best.step_s:.1f} s/step, rollout {best.rollout_share:.0%}"
-            text = f"fits with {best.label} ({best.peak_bytes / GIB:.1f} GiB {what}; {timed}{workload(best)}; {where})"
-        else:
-            text = f"does not fit: every configuration ran out of memory ({where})"
-        cells[(shape, size)] = (text, file)
+        cells[(shape, size)] = (_measured_text(group, f"measured: {file}, {date}"), file)
     return cells  # groups in date order: the newest file of a cell is the last written
+
+
+def _measured_text(group: pd.DataFrame, where: str) -> str:
+    """One file's cell: the lightest fit; or every configuration out of memory (those whose engine could not
+    start in its share named); or the first configuration that failed otherwise, with its reason."""
+    fits = group[group.status == "ok"].sort_values("lightness", kind="stable")
+    if len(fits):
+        best = fits.iloc[0]
+        what = "device" if "device" in best.peak_measure else "host RSS"
+        timed = f"{best.step_s:.1f} s/step, rollout {best.rollout_share:.0%}"
+        return f"fits with {best.label} ({best.peak_bytes / GIB:.1f} GiB {what}; {timed}{workload(best)}; {where})"
+    out = group[group.status == "oom"]
+    if len(out) == len(group):
+        engines = int((out.phase == "engine_start").sum())
+        started = f"; {engines} of them at the engine's start, its share too small" if engines else ""
+        return f"does not fit: every configuration ran out of memory ({where}{started})"
+    failed = group[group.status != "oom"].iloc[0]
+    reason = " ".join(str(failed.reason or "no reason recorded").split())
+    reason = reason if len(reason) <= 160 else reason[:157] + "..."
+    counts = f"{len(group) - len(out)} of {len(group)} configurations failed, {len(out)} ran out of memory"
+    phase = f" in {failed.phase}" if isinstance(failed.phase, str) else ""
+    return f"failed: {failed.status}{phase}: {reason} ({counts}; {where})"
 
 
 def predicted_text(size: str, gpu_class: str, hardware: Hardware, rates: Rates | None) -> tuple[str, bool, int]:
@@ -246,7 +264,7 @@ def sizing_cells(results: list[Result], every: list[Result] | None = None) -> pd
             if (size, gpu_class) in measured:
                 text, file = measured[(size, gpu_class)]
                 fits = text.startswith("fits")
-                short = "measured: " + text.split(" (")[0]
+                short = ("" if text.startswith("failed") else "measured: ") + text.split(" (")[0]
             elif not hardware.memory_gib:  # the generic `gpu` class: each device's own memory, in its files
                 text, fits = "(no prediction: the class's memory is each device's own)", False
                 short = "no prediction"

