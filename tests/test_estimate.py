@@ -68,13 +68,13 @@ def test_on_gpus_fills_machines_of_eight_and_splits_the_colocated_engine_over_th
 
 
 def test_estimate_answers_how_many_gpus_a_size_class_needs(capsys):
-    levers = "model=lora,gradient_checkpointing=true,use_vllm=true,vllm_enable_sleep_mode=true"
-    assert main(["estimate", "--shape", "72b", "--hardware", "h100", "--levers", levers]) == 1
+    levers = "gradient_checkpointing=true,optim=adamw_8bit,use_vllm=true,vllm_enable_sleep_mode=true"
+    assert main(["estimate", "--shape", "32b", "--hardware", "h100", "--levers", levers]) == 1
     single = capsys.readouterr().out
     assert "on 1 x NVIDIA H100" in single and "\ndoes NOT fit (predicted): " in single
     assert "the smallest change that fits: more GPUs: " in single and "no time or cost: it does not fit" in single
     assert "time per step" not in single
-    assert main(["estimate", "--shape", "72b", "--hardware", "h100", "--levers", levers, "--min-gpus"]) == 0
+    assert main(["estimate", "--shape", "32b", "--hardware", "h100", "--levers", levers, "--min-gpus"]) == 0
     out = capsys.readouterr().out
     count = int(out.split(" x NVIDIA")[0].rsplit(" ", 1)[-1])
     assert count > 1 and "\nfits (predicted): peak" in out and "of 79.65 GiB per GPU" in out
@@ -293,3 +293,26 @@ def test_lora_keeps_less_than_full_fine_tuning_in_fp32_and_at_most_a_third_more_
     assert layer_activation_bytes(shape, 4, lora=True) < layer_activation_bytes(shape, 4, lora=False)
     full = layer_activation_bytes(shape, 2, lora=False)
     assert full < layer_activation_bytes(shape, 2, lora=True, autocast=True) < 1.34 * full
+
+
+def test_trl_s_weight_sync_under_zero3_gathers_the_whole_model_with_lora_and_one_parameter_without(capsys):
+    """TRL 1.16 merges LoRA into a model it gathers whole on every rank (generation/vllm_generation.py), and syncs a
+    full model one parameter at a time; the sync's peak sits in the rollout phase."""
+    shape, hardware = load_shapes()["14b"], load_hardware()["h100"]
+    work = Workload.from_levers(Levers(), 256)
+    base = dict(distributed_type="zero3", num_processes=8, use_vllm=True, vllm_tensor_parallel_size=8)
+    lora = estimate(shape, "bfloat16", Levers(model="lora", **base), work, hardware)
+    partition = lora.phases["rollout"]["weights"]
+    assert lora.phases["rollout"]["sync_gather"] == pytest.approx(7 * partition, rel=0.01)
+    full = estimate(shape, "bfloat16", Levers(**base), work, hardware)
+    largest = largest_layer_params(shape) * 2
+    assert full.phases["rollout"]["sync_gather"] == pytest.approx(largest * 7 / 8, rel=0.01)
+    assert full.phases["rollout"]["sync_gather"] < partition
+    asleep = estimate(shape, "bfloat16", Levers(model="lora", vllm_enable_sleep_mode=True, **base), work, hardware)
+    assert asleep.phases["rollout"]["sync_gather"] < lora.phases["rollout"]["sync_gather"]  # its KV asleep then
+    one = dict(base, num_processes=1, vllm_tensor_parallel_size=1)
+    for unsharded in (dict(base, distributed_type="zero2"), one, dict(base, use_vllm=False)):
+        assert "sync_gather" not in estimate(shape, "bfloat16", Levers(**unsharded), work, hardware).phases["rollout"]
+    asked = "model=lora,distributed_type=zero3,use_vllm=true"
+    main(["estimate", "--shape", "14b", "--hardware", "h100", "--gpus", "8", "--levers", asked])
+    assert "sync_gather" in capsys.readouterr().out

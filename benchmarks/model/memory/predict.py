@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from benchmarks.catalog.profiles import Hardware, Levers
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.memory.decode_bytes import kv_bytes_per_token
-from benchmarks.model.memory.sharding import ZERO_STAGE, rank_model_states
+from benchmarks.model.memory.sharding import ZERO_STAGE, largest_layer_params, rank_model_states
 from benchmarks.model.memory.terms import (
     CHECKPOINTED_RECOMPUTE_LAYERS,
     CPU_DEEPSPEED_TRANSIENT_GRADIENTS,
@@ -145,6 +145,8 @@ def estimate(
         _generate(est, step)
     if levers.distributed_type != "no":
         _per_rank(est, shape, dtype, levers, step.cuda)
+    if levers.use_vllm and levers.world_size > 1 and ZERO_STAGE[levers.distributed_type] == 3:
+        _sync_gather(est, step)
     return est
 
 
@@ -343,3 +345,28 @@ def _per_rank(est: Estimate, shape: Shape, dtype: str, levers: Levers, cuda: boo
         )
     if states.host:
         est.notes["host_offload"] = f"{states.host / GIB:.1f} GiB of model states per rank in host memory (offload)"
+
+
+def _sync_gather(est: Estimate, step: _Step) -> None:
+    """TRL 1.16's weight sync over sharded parameters, at the start of each rollout with the engine's weights awake
+    (``generation/vllm_generation.py``: ``_iter_named_params``, ``sync_weights``). With PEFT under ZeRO-3 it gathers
+    every parameter at once to merge the adapters (``gather_params(list(model.parameters()))``): the whole model on
+    each rank beside its partition. Without PEFT, or under FSDP2, one parameter at a time: the largest. Counted in
+    the rollout phase as what the sync's moment holds beyond the rollout's own: a sleeping engine has woken only its
+    weights then, not its KV cache and overheads."""
+    levers, world = step.levers, step.levers.world_size
+    if levers.peft and levers.distributed_type == "zero3":
+        partition = rank_model_states(step.shape, step.dtype, levers).parameters
+        extra = partition * (world - 1)
+        what = (
+            f"TRL gathers the whole model ({partition * world / GIB:.1f} GiB) on every rank to merge LoRA and sync it"
+        )
+    else:
+        extra = int(largest_layer_params(step.shape) * step.dtype_bytes * (world - 1) / world)
+        what = "TRL gathers one parameter at a time to sync the engine: the largest"
+    asleep = 0.0
+    if levers.vllm_enable_sleep_mode and "vllm" in est.phases["rollout"]:
+        weights = engine_need(step.shape, step.dtype, levers, step.work).weights
+        asleep = max(0.0, est.phases["rollout"]["vllm"] - est.phases["training"].get("vllm", 0) - weights)
+    if extra > asleep:
+        est.add("rollout", "sync_gather", int(extra - asleep), f"{what}, the engine's weights awake")
