@@ -13,6 +13,7 @@ def too_old(version: tuple[int, ...]) -> str | None:
     found = ".".join(str(part) for part in version[:3])
     return (
         f"Python {found} found; grpo-bench needs Python 3.11 or newer. On Ubuntu 22.04 (python3 is 3.10): "
-        "`sudo apt install python3.11 python3.11-venv`, then `rm -rf .venv && python3.11 -m venv .venv && "
-        ".venv/bin/pip install nox` and run again (or `uv python install 3.12` and make the venv with that Python)"
+        "`sudo apt install python3.11 python3.11-venv python3.11-dev` (the headers: Triton compiles a C module on a "
+        "GPU machine), then `rm -rf .venv && python3.11 -m venv .venv && .venv/bin/pip install nox` and run again "
+        "(or `uv python install 3.12` and make the venv with that Python)"
     )
