@@ -1,20 +1,23 @@
-"""A first GPU run says what happened: the decode part's vLLM engine starts without a CUDA toolkit, and a failure
-is filed as out of memory only where memory ran out; each recorded message below is the library's own words, and
-the tables over such files call a cell "does not fit" only from out-of-memory rows."""
+"""A first GPU run says what happened: it refuses a GPU other processes fill, its bandwidth probe cannot hang it,
+the decode part's vLLM engine starts without a CUDA toolkit, and a failure is filed as out of memory only where
+memory ran out; each recorded message below is the library's own words, and the tables over such files call a cell
+"does not fit" only from out-of-memory rows."""
 
 import json
 import sys
 
 import pytest
-from test_devices import FakeNVML
+from test_devices import GIB, FakeNVML, gpu
 from test_tables import grpo_file, sizing_row
 
 from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
+from benchmarks.commands import bench
 from benchmarks.report.markdown import regenerate
 from benchmarks.run import vllm_env
 from benchmarks.run.decode import sweep
 from benchmarks.run.grpo import configuration
 from benchmarks.run.grpo.job import Job
+from benchmarks.run.machine import nvml_gpus
 
 SAMPLER = vllm_env.FLASHINFER_SAMPLER
 
@@ -165,3 +168,22 @@ def test_every_configuration_out_of_memory_is_a_measured_does_not_fit_naming_the
     cell = row["H200-class (140.4 GiB)"]
     assert cell.startswith("does not fit: every configuration ran out of memory (measured")
     assert "1 of them at the engine's start, its share too small" in cell
+
+
+def test_a_gpu_other_processes_fill_is_refused_before_any_part_and_a_little_is_said(monkeypatch, capsys):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert nvml_gpus.held_by_others(FakeNVML(gpu("NVIDIA H100 80GB HBM3", 79.65))) is None
+    desktop = FakeNVML(gpu("NVIDIA GeForce RTX 4090", 23.99, processes={1042: int(0.6 * GIB)}))  # a display server
+    line, refused = nvml_gpus.held_by_others(desktop)
+    assert not refused and "GPU 0 (NVIDIA GeForce RTX 4090): 0.60 GiB held by process(es) 1042" in line
+    bench.refuse_shared_gpus(desktop)
+    assert "inside the 10% a device tolerates" in capsys.readouterr().out
+    shared = FakeNVML(gpu("NVIDIA H100 80GB HBM3", 79.65, processes={7: 50 * GIB}))  # another job's model
+    with pytest.raises(SystemExit, match=r"refused: GPU 0 \(NVIDIA H100 80GB HBM3\): 50.00 GiB held by process"):
+        bench.refuse_shared_gpus(shared)
+
+
+def test_a_bandwidth_probe_that_hangs_ends_at_the_engine_limit(monkeypatch):
+    monkeypatch.setattr(sweep, "WORKER", [sys.executable, "-c", "import time; time.sleep(60)"])
+    with pytest.raises(RuntimeError, match=r"the bandwidth probe gave no answer within 1 s \(engine_limit_s\)"):
+        sweep._decode_process({"probe": {}}, {}, 1.0)

@@ -57,6 +57,16 @@ def pin_devices(nvml: object = None) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = chosen.placed
 
 
+def refuse_shared_gpus(nvml: object = None) -> None:
+    """Another process's memory on the run's GPUs said before any part, and past the share a device tolerates, the
+    run stopped: what it holds no configuration can have (``nvml_gpus.held_by_others``)."""
+    others = nvml_gpus.held_by_others(nvml)
+    if others and others[1]:
+        raise SystemExit(others[0])
+    if others:
+        print(others[0])
+
+
 def chosen_profile(name: str | None, hardware: str | None, quick: bool = False) -> profiles.Profile:
     """``--profile`` and ``--hardware`` as given, else this machine's (``detect``)."""
     if name is None:
@@ -72,6 +82,7 @@ def started_profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     parser error."""
     print_environment()
     pin_devices()
+    refuse_shared_gpus()
     try:
         return chosen_profile(args.profile, args.hardware, args.quick)
     except profiles.ProfileError as error:

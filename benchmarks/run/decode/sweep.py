@@ -317,15 +317,20 @@ def _row(measured: dict, ceiling: schema.BestKernel, hardware: Hardware, shape: 
     return row
 
 
-def _decode_process(job: dict, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """``python -m benchmarks.run.decode.sweep`` with ``job`` on stdin: the bandwidth probe."""
-    return subprocess.run(
-        [sys.executable, "-m", "benchmarks.run.decode.sweep"],
-        input=json.dumps(job),
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-    )
+def _decode_process(job: dict, env: dict[str, str], limit_s: float) -> subprocess.CompletedProcess:
+    """``python -m benchmarks.run.decode.sweep`` with ``job`` on stdin: the bandwidth probe, stopped at ``limit_s``
+    (a probe that hangs, as a wedged driver can, ends the part with the reason instead of the run)."""
+    try:
+        return subprocess.run(
+            WORKER,
+            input=json.dumps(job),
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            timeout=limit_s,
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the bandwidth probe gave no answer within {limit_s:g} s (engine_limit_s)") from None
 
 
 def run_decode(profile: Any, quick: bool, out: Any) -> Any:
@@ -343,7 +348,7 @@ def run_decode(profile: Any, quick: bool, out: Any) -> Any:
     job = {
         "probe": {"device": device, "array_bytes": settings.probe_array_mib << 20, "repeats": settings.probe_repeats}
     }
-    done = _decode_process(job, pinned)
+    done = _decode_process(job, pinned, settings.engine_limit_s)
     if done.returncode != 0:
         raise RuntimeError(f"the bandwidth probe failed (exit {done.returncode}): {done.stderr[-2000:]}")
     probed = json.loads(done.stdout.strip().splitlines()[-1])

@@ -111,6 +111,47 @@ def visible_gpus(nvml: Any = None) -> list[schema.Gpu]:
     return list(chosen.devices)
 
 
+# Memory another process holds on a GPU of the run at its start is memory none of its configurations can have: a fit
+# measured beside it is short by that much. Said at any size, refused above this share of a device (a desktop's
+# display server holds some 0.3-1.5 GiB of a 24 GB card: inside it).
+OTHERS_REFUSED_SHARE = 0.10
+
+
+def held_by_others(nvml: Any = None) -> tuple[str, bool] | None:
+    """What other processes hold on the GPUs the run uses before it starts any (NVML's compute and graphics
+    processes), in a line, and whether that refuses the run; None where they hold nothing."""
+    nvml = load_nvml() if nvml is None else nvml
+    found = [(g, held) for g in visible_gpus(nvml) if (held := _processes(nvml, g.index))]
+    if not found:
+        return None
+    words = "; ".join(
+        f"GPU {g.index} ({g.name}): {sum(held.values()) / GIB:.2f} GiB held by process(es) "
+        f"{', '.join(map(str, sorted(held)))}"
+        for g, held in found
+    )
+    if any(sum(held.values()) > OTHERS_REFUSED_SHARE * g.memory_gib * GIB for g, held in found):
+        return (
+            f"refused: {words}: above {OTHERS_REFUSED_SHARE:.0%} of a device, every fit measured beside it would be "
+            "short by what they hold; free the GPU, or pin the run to another with CUDA_VISIBLE_DEVICES"
+        ), True
+    return (
+        f"other processes on the run's GPUs: {words} (inside the {OTHERS_REFUSED_SHARE:.0%} a device tolerates)",
+        False,
+    )
+
+
+def _processes(nvml: Any, index: int) -> dict[int, int]:
+    """The device memory of every process NVML lists on GPU ``index``, by PID (none where it cannot say)."""
+    handle, held = nvml.nvmlDeviceGetHandleByIndex(index), {}
+    for query in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        try:
+            processes = getattr(nvml, query)(handle) if hasattr(nvml, query) else []
+        except nvml.NVMLError:  # NOT_SUPPORTED: nothing to say of it
+            continue
+        held |= {p.pid: p.usedGpuMemory for p in processes if p.usedGpuMemory}
+    return held
+
+
 @dataclass
 class Split:
     """The GPUs of one machine's launch: the trainer's ranks' and ``trl vllm-serve``'s, as
