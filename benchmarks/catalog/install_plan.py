@@ -95,6 +95,7 @@ class Recorded:
 
     machine: Machine
     profile: str | None = None
+    others_gib: float = 0.0  # what other processes hold on its first GPU before a run (a display server)
 
 
 @functools.cache
@@ -103,13 +104,13 @@ def load_machines() -> dict[str, Recorded]:
     ``cuda_visible_devices`` its user sets), its GPUs decided from those as ``read`` decides them."""
     recorded = {}
     for name, table in _toml("machines").items():
-        profile = table.pop("profile", None)
+        profile, others = table.pop("profile", None), table.pop("others_gib", 0.0)
         listed = table.pop("cuda_visible_devices", None)
         if "devices" in table:
             table["devices"] = _recorded_devices(table["devices"])
-            recorded[name] = Recorded(with_devices(listed=listed, **table), profile)
+            recorded[name] = Recorded(with_devices(listed=listed, **table), profile, others)
         else:
-            recorded[name] = Recorded(Machine(**table), profile)
+            recorded[name] = Recorded(Machine(**table), profile, others)
     return recorded
 
 
