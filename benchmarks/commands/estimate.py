@@ -163,7 +163,8 @@ def run_estimate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     print("\n" + verdict(est, capacity, hardware.name, args.min_gpus))
     if est.engine_cannot_start and levers.vllm_mode == "colocate":
         work = ask.recipe.workload(levers)
-        share = math.ceil(100 * predict.engine_need(ask.shape, ask.dtype, levers, work).to_start / capacity) / 100
+        need = predict.engine_need(ask.shape, ask.dtype, levers, work, unified=bool(hardware.unified_floor_gib))
+        share = math.ceil(100 * need.to_start / capacity) / 100
         print(f"  vllm_gpu_memory_utilization >= {share:.2f} would start it" if share <= 1 else "")
     if fits:
         rates = step_rates(levers, hardware)

@@ -37,7 +37,7 @@ def on_gpus(levers: Levers, count: int) -> Levers:
 def engine_sized_to_rollout(shape: Shape, dtype: str, levers: Levers, work: Workload, hardware: Hardware) -> Levers:
     """A colocated engine's share sized to the rollout: its weights in its own precision (4-bit for QLoRA, as TRL
     starts it), the workload's KV cache and vLLM's overheads, with 10% slack (at most 0.95 of the device)."""
-    need = engine_need(shape, dtype, levers, work).total
+    need = engine_need(shape, dtype, levers, work, unified=bool(hardware.unified_floor_gib)).total
     return levers.changed(vllm_gpu_memory_utilization=min(0.95, 1.1 * need / (hardware.memory_gib * GIB)))
 
 

@@ -247,7 +247,7 @@ def _server_engine(est: Estimate, step: _Step) -> None:
     """Server mode: nothing on the trainer's GPUs; whether the server's share of its own holds the engine."""
     levers, hardware = step.levers, step.hardware
     est.add("rollout", "vllm", 0, "server mode: the engine runs on GPUs of its own, not the trainer's")
-    need = engine_need(step.shape, step.dtype, levers, step.work)
+    need = engine_need(step.shape, step.dtype, levers, step.work, unified=bool(hardware.unified_floor_gib))
     share = levers.vllm_gpu_memory_utilization * hardware.memory_gib * GIB
     if share < need.to_start:
         est.engine_cannot_start = _cannot_start(levers, hardware, share, need, "the server's engine")
@@ -257,7 +257,7 @@ def _colocated_engine(est: Estimate, step: _Step) -> None:
     """A colocated engine on CUDA: its reserved share, held through training unless it sleeps."""
     levers, hardware = step.levers, step.hardware
     reserved = levers.vllm_gpu_memory_utilization * hardware.memory_gib * GIB
-    need = engine_need(step.shape, step.dtype, levers, step.work)
+    need = engine_need(step.shape, step.dtype, levers, step.work, unified=bool(hardware.unified_floor_gib))
     if step.logits_path in SHARES_ENGINE_WEIGHTS:  # the share holds the policy's weights, counted once
         reserved = max(0.0, reserved - need.weights)
         need = replace(need, weights=0, precision=need.precision + ", shared with the policy")
@@ -270,6 +270,9 @@ def _colocated_engine(est: Estimate, step: _Step) -> None:
         est.engine_cannot_start = _cannot_start(levers, hardware, reserved, need, "engine")
     elif reserved < need.total:
         note += f"; KV for {(reserved - need.weights - need.overhead) / need.kv_cache:.0%} of the rollout at once"
+    if need.start_growth:  # vLLM sized its KV cache around the host's growth at its start, freed once it started
+        reserved = max(0.0, reserved - need.start_growth)
+        note += f"; of the share, {need.start_growth / GIB:.1f} GiB kept for that growth, free once started"
     if levers.vllm_enable_sleep_mode:
         note += "; sleep mode (TRL 1.16: level 2) frees weights and KV outside the rollout, its graphs stay"
         est.add("rollout", "vllm", reserved + need.graphs, note)

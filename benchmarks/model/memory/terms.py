@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from benchmarks.catalog.profiles import Levers
 from benchmarks.catalog.shapes import Shape
 from benchmarks.model.memory.decode_bytes import kv_bytes_per_token
-from benchmarks.model.memory.vllm_engine import engine_overheads
+from benchmarks.model.memory.vllm_engine import UNIFIED_START_GROWTH, engine_overheads
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -181,6 +181,7 @@ class EngineNeed:
     kv_one_sequence: int = 0
     graphs: int = 0  # CUDA graphs, captured on top of the share
     overhead_words: str = ""
+    start_growth: int = 0  # in ``overhead``: the host's growth while it starts (unified memory), freed once started
 
     @property
     def total(self) -> int:
@@ -191,10 +192,11 @@ class EngineNeed:
         return self.weights + self.kv_one_sequence + self.overhead
 
 
-def engine_need(shape: Shape, dtype: str, levers: Levers, work: Workload) -> EngineNeed:
+def engine_need(shape: Shape, dtype: str, levers: Levers, work: Workload, unified: bool = False) -> EngineNeed:
     """The engine as vLLM sizes it on CUDA. TRL 1.16 starts it with bitsandbytes 4-bit when the policy
     is 4-bit (QLoRA), else in the model's dtype; its KV cache must hold the rollout's sequences at
-    ``vllm_max_model_length`` (unset: the workload's prompt + completion)."""
+    ``vllm_max_model_length`` (unset: the workload's prompt + completion). On ``unified`` memory its overheads also
+    hold the host's growth during its start, which vLLM charges to it there (``UNIFIED_START_GROWTH``)."""
     b = DTYPE_BYTES[dtype]
     if levers.model == "qlora":
         weights, precision = qlora_weight_bytes(shape, b), "4-bit NF4 (bitsandbytes, as TRL starts it for QLoRA)"
@@ -210,7 +212,11 @@ def engine_need(shape: Shape, dtype: str, levers: Levers, work: Workload) -> Eng
         precision += f", tensor parallel over {tp} GPUs"
     one = kv_bytes_per_token(shape, b) * length / tp
     own = engine_overheads(shape, b, levers)
-    return EngineNeed(int(weights / tp), kv, own.in_share, precision, int(one), own.graphs, own.words())
+    growth = UNIFIED_START_GROWTH if unified else 0
+    words = own.words() + (
+        f"; the host's growth at its start {growth / GIB:.1f} GiB (unified memory)" if growth else ""
+    )
+    return EngineNeed(int(weights / tp), kv, own.in_share + growth, precision, int(one), own.graphs, words, growth)
 
 
 def quantised_params(shape: Shape) -> int:

@@ -39,6 +39,12 @@ GRAPH_BYTES_PER_LAYER = int(0.01625 * GIB)
 TRL_BATCHED_TOKENS = 4096
 # vLLM's own defaults (the engine `trl vllm-serve` starts, as llm-d-planner's logs show them on H100)
 VLLM_DEFAULT_SEQS, VLLM_DEFAULT_BATCHED_TOKENS = 1024, 8192
+# On unified memory (DGX Spark's GB10) vLLM reads free memory as the host's MemAvailable and charges every byte the
+# host grows while the engine starts (Inductor's and Triton's compile heaps and page cache among them) to its memory
+# outside torch, out of the KV cache, for good: 31.6 GiB in eugr/spark-vllm-docker pull request #286 (2026-06-12:
+# "up to 30GB+", the KV cache "restricted to only 9.5 GiB instead of ... 40+ GiB", "recovering the lost ~31.6 GiB").
+# One model's compile there: taken as the allowance a colocated engine's share keeps for it, an upper bound.
+UNIFIED_START_GROWTH = int(31.6 * GIB)
 
 
 @dataclass(frozen=True)
