@@ -2,12 +2,12 @@
 front, fixed levers held, and why nothing fits where nothing does."""
 
 import itertools
+import json
 import re
 from dataclasses import replace
 
 import pytest
 
-from benchmarks import REPO
 from benchmarks.catalog.profiles import load_hardware, load_shapes
 from benchmarks.cli import main
 from benchmarks.commands import summaries
@@ -160,13 +160,22 @@ NUMBER = re.compile(r"^\d[\d,]*(\.\d+)?$")
 
 
 @pytest.mark.parametrize("part", ["grpo", "rewards", "decode"])
-def test_no_summary_of_a_committed_run_prints_more_than_four_significant_digits(part, capsys):
-    path = max((REPO / "results" / "runs" / "cpu").glob(f"*-{part}.json"))
+def test_no_summary_of_a_committed_run_prints_more_than_four_significant_digits(part, capsys, committed_results):
+    path = max((committed_results / "cpu").glob(f"*-{part}.json"))  # not a run just made here: its own test below
     getattr(summaries, part)(path)
     out = capsys.readouterr().out
     tokens = [t.strip("(),;:x%") for line in out.splitlines() for t in line.split()]
     numbers = [t for t in tokens if NUMBER.match(t) and not t.isdigit()]  # a plain integer is a count or setting
     assert numbers and all(significant(t) <= 4 for t in numbers), [t for t in numbers if significant(t) > 4]
+
+
+def test_a_reward_target_s_ratio_prints_four_significant_digits(tmp_path, capsys, committed_results):
+    path = max((committed_results / "cpu").glob("*-rewards.json"))
+    data = json.loads(path.read_text())
+    data["grpo_bench"]["targets"][0]["lowest_ratio"] = 108.3417  # as a fresh run here measured it
+    (tmp_path / path.name).write_text(json.dumps(data))
+    summaries.rewards(tmp_path / path.name)
+    assert "lowest ratio 108.3x" in capsys.readouterr().out
 
 
 def test_two_gpu_classes_without_runs_compare_on_the_models_predictions_labelled_so(tmp_path, capsys):

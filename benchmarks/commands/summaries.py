@@ -32,7 +32,9 @@ def rewards(path: Path) -> None:
     for target in run.grpo_bench.targets:
         lowest = target.lowest_ratio
         verdict = (
-            "not measured" if lowest is None else f"lowest ratio {lowest:.2f}x: {'met' if target.met else 'MISSED'}"
+            "not measured"
+            if lowest is None
+            else f"lowest ratio {readable(lowest)}x: {'met' if target.met else 'MISSED'}"
         )
         if target.within_noise and lowest is not None:
             verdict += " (within the rows' spread)"
