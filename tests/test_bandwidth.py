@@ -7,6 +7,7 @@ import pytest
 from benchmarks import REPO
 from benchmarks.catalog.profiles import load_shapes
 from benchmarks.model.memory.decode_bytes import decode_step_bytes, experts_read, kv_bytes_per_token, rollout_seconds
+from benchmarks.run.decode import engines
 from benchmarks.run.machine.bandwidth_probe import ceiling, probe
 
 REPO_RUNS = REPO / "results" / "runs"
@@ -71,7 +72,6 @@ def test_weight_bound_decode_never_beats_the_measured_ceiling(capsys):
     import json
 
     pytest.importorskip("transformers")
-    from benchmarks.run.decode import sweep
     from benchmarks.run.model_dirs import materialise
 
     shape = load_shapes()["0.5b"]  # 1.98 GB of fp32 weights: far past this machine's 300 MiB L3
@@ -85,7 +85,7 @@ def test_weight_bound_decode_never_beats_the_measured_ceiling(capsys):
         "repeats": 2,
     }
     best = ceiling(probe(array_bytes=1 << 30, repeats=5))
-    sweep.measure(job, shape, sweep.transformers_engine(job))
+    engines.measure(job, shape, engines.transformers_engine(job))
     row = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert row["bytes_per_step"] == pytest.approx(shape.param_count() * 4, rel=0.01)  # weight-dominated
     assert 0 < row["achieved_gb_s"] <= best["max_gb_s"]  # the ceiling's median plus its spread
@@ -179,7 +179,6 @@ def test_an_fp8_kv_cache_halves_the_cache_bytes_and_leaves_the_weights():
 
 def test_the_graphs_engine_makes_one_static_cache_per_point_and_resets_it_before_each_call(monkeypatch, capsys):
     transformers = pytest.importorskip("transformers")
-    from benchmarks.run.decode import sweep
     from benchmarks.run.model_dirs import materialise
 
     made, resets = [], []
@@ -197,7 +196,7 @@ def test_the_graphs_engine_makes_one_static_cache_per_point_and_resets_it_before
     shape = load_shapes()["tiny"]
     job = {"engine": "transformers-graphs", "dtype": "float32", "model_dir": str(materialise(shape)), "new_tokens": 4}
     job |= {"repeats": 2, "points": [(1, 16), (2, 16)]}
-    sweep.measure(job, shape, sweep.transformers_engine(job))
+    engines.measure(job, shape, engines.transformers_engine(job))
     assert made == [16 + 4 + 1, 16 + 4 + 1]  # one a point, at its longest call, never one a call
     calls = 1 + 2 * 2  # the warm-up, then a one-token call and a full one per repeat
     assert len(resets) == 2 * calls and len(set(map(id, resets))) == 2
@@ -235,7 +234,6 @@ def test_the_decode_figure_draws_its_own_class_s_spec_and_band_only(hardware, tm
 def test_a_graphs_row_never_compiled_or_run_without_graphs_says_it_ran_eager(monkeypatch, capsys):
     torch = pytest.importorskip("torch")
     from benchmarks.results import schema
-    from benchmarks.run.decode import sweep
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU: the row claims CUDA graphs
 
@@ -248,11 +246,11 @@ def test_a_graphs_row_never_compiled_or_run_without_graphs_says_it_ran_eager(mon
         generate.compiled = lambda compiled=compiled: compiled
         counted = iter((5, 5 + skips))  # inductor's cudagraph_skips counter, before and after the warm-up
         generate.graph_skips = lambda counted=counted: next(counted)
-        sweep.measure(job, load_shapes()["tiny"], generate)
+        engines.measure(job, load_shapes()["tiny"], generate)
         rows[compiled, skips] = json.loads(capsys.readouterr().out.splitlines()[-1])["execution"]
-    assert rows[True, 0] == sweep.execution("transformers-graphs", True) and "CUDA graphs" in rows[True, 0]
-    assert rows[False, 0] == sweep.NOT_COMPILED  # checked, not assumed
-    assert rows[True, 2] == sweep.GRAPHS_SKIPPED  # compiled, yet run without graphs: observed
+    assert rows[True, 0] == engines.execution("transformers-graphs", True) and "CUDA graphs" in rows[True, 0]
+    assert rows[False, 0] == engines.NOT_COMPILED  # checked, not assumed
+    assert rows[True, 2] == engines.GRAPHS_SKIPPED  # compiled, yet run without graphs: observed
     for eager in (rows[False, 0], rows[True, 2]):
         assert schema.DecodePoint(engine="transformers-graphs", status="ok", execution=eager).launch_bound
 
@@ -260,7 +258,7 @@ def test_a_graphs_row_never_compiled_or_run_without_graphs_says_it_ran_eager(mon
 def impossible_rows(shape):
     """As the H200 rehearsal's batch-1 row: its 9-token calls (0.112 s) faster than its 1-token calls (0.184 s);
     and a row whose decode moved more bytes a second than the H200's datasheet allows."""
-    from benchmarks.run.decode.sweep import step_bytes
+    from benchmarks.run.decode.engines import step_bytes
 
     base = {"engine": "transformers", "context": 128, "new_tokens": 8, "repeats": 3, "execution": "eager"}
     rows = []

@@ -100,7 +100,7 @@ def test_the_command_line_and_the_workers_start_without_what_a_gpu_machine_does_
     absent = ("jsonschema", "fastjsonschema", "playwright")
     code = "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in absent)
     code += "from benchmarks import cli\ncli.command_line().parse_args(['bench', '--quick'])\n"
-    code += "import benchmarks.run.grpo.worker, benchmarks.run.decode.sweep, rewards\n"
+    code += "import benchmarks.run.grpo.worker, benchmarks.run.decode.sweep, benchmarks.run.decode.engines, rewards\n"
     code += "import benchmarks.run.max_context.contender_runs\n"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

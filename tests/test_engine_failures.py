@@ -4,20 +4,24 @@ memory ran out; each recorded message below is the library's own words, and the 
 "does not fit" only from out-of-memory rows."""
 
 import json
+import shutil
 import sys
+import time
 
 import pytest
 from test_devices import GIB, FakeNVML, gpu
 from test_tables import grpo_file, sizing_row
 
-from benchmarks.catalog.profiles import Levers, load_hardware, load_shapes
+from benchmarks.catalog.profiles import Levers, load, load_hardware, load_shapes
+from benchmarks.cli import main
 from benchmarks.commands import bench
 from benchmarks.report.markdown import regenerate
+from benchmarks.results import schema
 from benchmarks.run import vllm_env
-from benchmarks.run.decode import sweep
+from benchmarks.run.decode import engines, sweep
 from benchmarks.run.grpo import configuration
 from benchmarks.run.grpo.job import Job
-from benchmarks.run.machine import nvml_gpus
+from benchmarks.run.machine import nvml_gpus, pace
 
 SAMPLER = vllm_env.FLASHINFER_SAMPLER
 
@@ -58,9 +62,9 @@ def test_the_decode_part_starts_its_vllm_engine_with_that_setting(tmp_path, monk
 
 def test_a_cuda_decode_row_says_its_engine_ran_pytorch_s_sampler(monkeypatch):
     monkeypatch.setenv(SAMPLER, "0")
-    assert vllm_env.SAMPLER_OFF in sweep.execution("vllm", cuda=True)
+    assert vllm_env.SAMPLER_OFF in engines.execution("vllm", cuda=True)
     monkeypatch.delenv(SAMPLER)
-    assert "sampler" not in sweep.execution("vllm", cuda=True) and "sampler" not in sweep.execution("vllm", False)
+    assert "sampler" not in engines.execution("vllm", cuda=True) and "sampler" not in engines.execution("vllm", False)
 
 
 # A worker whose trainer fails as the named library fails: the real worker (its main, its channel), fed the
@@ -187,3 +191,34 @@ def test_a_bandwidth_probe_that_hangs_ends_at_the_engine_limit(monkeypatch):
     monkeypatch.setattr(sweep, "WORKER", [sys.executable, "-c", "import time; time.sleep(60)"])
     with pytest.raises(RuntimeError, match=r"the bandwidth probe gave no answer within 1 s \(engine_limit_s\)"):
         sweep._decode_process({"probe": {}}, {}, 1.0)
+
+
+def test_a_decode_engine_past_the_caller_s_deadline_is_skipped_saying_so(tmp_path):
+    profile = load("cpu", quick=True)
+    hardware, shape = load_hardware()["cpu"], load_shapes()[profile.decode.shape]
+    rows = []
+    sweep.run_sweep(profile, str(tmp_path), shape, None, hardware, rows.append, {}, deadline=time.time() - 1)
+    started = [r for r in rows if r.engine != "vllm" and "max_prefill_tokens" not in (r.reason or "")]
+    assert started and all(r.status == "skipped" and "deadline (--deadline) had passed" in r.reason for r in started)
+    assert sweep.within_deadline(600, None) == 600 and 0 < sweep.within_deadline(600, time.time() + 30) <= 30
+
+
+def test_a_part_that_breaks_is_said_and_the_parts_after_it_still_run(tmp_path, monkeypatch, committed_results, capsys):
+    decode = max((committed_results / "cpu").glob("*-decode.json"))
+    written = tmp_path / "cpu" / decode.name
+    written.parent.mkdir()
+    shutil.copy(decode, written)
+
+    def part(name, *args):
+        if name == "rewards":
+            raise RuntimeError("the reward benchmarks wrote no result")
+        return written
+
+    monkeypatch.setattr(bench, "run_part", part)
+    monkeypatch.setattr(bench, "calibrated", lambda profile: None)
+    monkeypatch.setattr(bench, "fix_malloc_thresholds", lambda profile: None)
+    assert main(["bench", "--profile", "cpu", "--only", "rewards,decode", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "error: rewards failed: RuntimeError: the reward benchmarks wrote no result" in err
+    assert "error: rewards failed (above); the other parts' files are whole" in err
+    assert pace.header(schema.read_result(written, written.name).record).pace.part_s >= 0  # decode ran, was timed

@@ -49,6 +49,7 @@ def test_the_harness_imports_under_the_guard():
         "benchmarks.cli",
         "benchmarks.run.grpo.worker",
         "benchmarks.run.decode.sweep",
+        "benchmarks.run.decode.engines",
         "benchmarks.run.max_context.contender_runs",
     ]
     modules += ["benchmarks.run.machine.preflight", "rewards"]

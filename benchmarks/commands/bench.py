@@ -163,7 +163,7 @@ def run_part(
         path = run_rewards(profile, quick, out)
         summaries.rewards(path)
     elif part == "decode":
-        path = sweep.run_decode(profile, quick, out)
+        path = sweep.run_decode(profile, quick, out, deadline)
         try:  # tabulate and matplotlib: a GPU box may lack them, and the result file stands alone
             summaries.decode(path)
             for made in figures.write_decode_report(path):
@@ -211,24 +211,33 @@ def print_predicted_fits(profile: profiles.Profile) -> None:
         print(f"  the memory model: {predicted.line()}")
 
 
-def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """The profile's parts (or those ``--only`` names), each writing its result file, then the run's pace."""
-    profile = started_profile(parser, args)
+def chosen_parts(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, profile: profiles.Profile
+) -> tuple[list[str], list[str] | None]:
+    """The parts ``--only`` names (all by default), or the GRPO parts whose configurations it names, with those
+    names as the configurations' filter; a pattern that matches nothing is a parser error."""
     patterns = args.only.split(",") if args.only else []
     parts = [p for p in profile.parts if not patterns or any(fnmatch.fnmatch(p, x) for x in patterns)]
-    configuration_filter = None
-    if not parts:  # configurations of the parts that run GRPO steps, by name
-        for part in profiles.GRPO_PARTS:
-            bench = getattr(profile, part)
-            names = [name for name, _ in profiles.configurations(bench)] if part in profile.parts and bench else []
-            if any(fnmatch.fnmatch(name, x) for name in names for x in patterns):
-                parts.append(part)
-        configuration_filter = patterns
+    if parts:
+        return parts, None
+    for part in profiles.GRPO_PARTS:  # configurations of the parts that run GRPO steps, by name
+        bench = getattr(profile, part)
+        names = [name for name, _ in profiles.configurations(bench)] if part in profile.parts and bench else []
+        if any(fnmatch.fnmatch(name, x) for name in names for x in patterns):
+            parts.append(part)
     if not parts:
         parser.error(
             f"--only {args.only!r} matches no part of profile {profile.name!r} ({', '.join(profile.parts)}) "
             "and no GRPO configuration"
         )
+    return parts, patterns
+
+
+def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The profile's parts (or those ``--only`` names), each writing its result file, then the run's pace; a part
+    that breaks is said, and the parts after it still run (exit status 1)."""
+    profile = started_profile(parser, args)
+    parts, configuration_filter = chosen_parts(parser, args, profile)
     print(f"profile {profile.name}{' (quick)' if args.quick else ''}: {profile.question}")
     print_predicted_fits(profile)
     fix_malloc_thresholds(profile)
@@ -240,10 +249,18 @@ def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     estimates = pace.estimate_run([args.out, RESULTS], profile, parts, args.quick, calibration, configuration_filter)
     print(pace.estimate_line(estimates), flush=True)
     whole_profile = len(parts) == len(profile.parts) and configuration_filter is None
+    record, failed = None, []
     for number, (part, estimated) in enumerate(zip(parts, estimates, strict=True), 1):
         print(f"\n== {part} == ({pace.clock(time.monotonic() - started)} elapsed)", flush=True)
         part_started = time.monotonic()
-        path = run_part(part, profile, args.quick, args.out, configuration_filter, args.deadline)
+        try:
+            path = run_part(part, profile, args.quick, args.out, configuration_filter, args.deadline)
+        except schema.Stopped:
+            raise
+        except Exception as error:  # its file keeps what it measured before it broke; the next parts still run
+            failed.append(part)
+            print(f"error: {part} failed: {type(error).__name__}: {str(error)[:2000]}", file=sys.stderr)
+            continue
         ended = time.monotonic()
         record = schema.Pace(
             calibration=calibration,
@@ -257,11 +274,13 @@ def run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
         if number == len(parts):  # the last part's file holds the whole run's time and targets
             record.run_s, record.run_estimated_s = ended - started, pace.whole_estimate(estimates)
-            limit_min = profile.time_limit_min if whole_profile else None
+            limit_min = profile.time_limit_min if whole_profile and not failed else None
             record.run_targets = pace.run_targets(profile.name, limit_min, record.run_s, record.run_estimated_s)
         pace.record(path, record)
         print(f"\nwrote {shown(path)}")
     print(f"profile {profile.name} took {pace.clock(time.monotonic() - started)}")
-    for target in record.run_targets:
+    for target in record.run_targets if record else []:
         print(target.line())
-    return 0
+    if failed:
+        print(f"error: {', '.join(failed)} failed (above); the other parts' files are whole", file=sys.stderr)
+    return 1 if failed else 0
