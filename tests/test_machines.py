@@ -392,3 +392,10 @@ def test_a_compiler_is_found_where_triton_looks_for_one(tmp_path, monkeypatch):
     assert machine_probe.read({"CC": shutil.which("gcc", path="/usr/bin:/bin") or "/nonexistent"}).compiler == bool(
         shutil.which("gcc", path="/usr/bin:/bin")
     )
+
+
+def test_a_many_gpu_box_whose_profile_runs_one_rank_says_how_many_it_leaves_idle():
+    notes = first_minute("l40sx4-driver580").notes
+    assert any("4 GPUs visible: this profile measures on the first alone and leaves 3 idle" in n for n in notes)
+    assert not any("idle" in n for n in first_minute("h100x8-driver580").notes)  # its node profile runs them all
+    assert not first_minute("h100x1-driver580").notes

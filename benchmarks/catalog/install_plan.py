@@ -332,7 +332,8 @@ def plan(machine: Machine, profile: str | None = None) -> BenchPlan | str:
         stop = _build_tools(machine, DEEPSPEED_CPU)
     if stop:
         return stop
-    return BenchPlan(machine, stack, profile, hardware, loaded.parts, tuple(_notes(machine, hardware)))
+    notes = _notes(machine, hardware, many_ranks="distributed" in loaded.parts)
+    return BenchPlan(machine, stack, profile, hardware, loaded.parts, tuple(notes))
 
 
 INSTALL = "GRPO_BENCH_INSTALL"  # the bench session's install, handed to the run as JSON, recorded in its first file
@@ -362,9 +363,14 @@ def recorded_install(stack: Stack, results: Path = REPO / "results" / "runs") ->
     )
 
 
-def _notes(machine: Machine, hardware: str | None) -> list[str]:
-    """What the person at the machine should know before it starts."""
+def _notes(machine: Machine, hardware: str | None, many_ranks: bool) -> list[str]:
+    """What the person at the machine should know before it starts: among it, GPUs its profile leaves idle."""
     notes = [machine.gpu_note] if machine.gpu_note else []
+    if hardware and machine.gpus > 1 and not many_ranks:
+        notes.append(
+            f"{machine.gpus} GPUs visible: this profile measures on the first alone and leaves {machine.gpus - 1} "
+            "idle (no profile of this class runs many ranks); CUDA_VISIBLE_DEVICES chooses another"
+        )
     cluster = load_hardware()[hardware].cluster_profiles if hardware else ()
     if machine.gpus >= 4 and cluster:
         runs = ", ".join(f"`nox -s bench -- --profile {name}`" for name in cluster)
