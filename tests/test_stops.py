@@ -82,7 +82,7 @@ def test_a_grpo_file_cut_in_its_third_configuration_keeps_two_citable_ones(monke
     rows = frames.configurations(cited)
     assert list(rows.status) == ["ok", "ok"]
     assert {c.configuration for c in validation.validate(cited, load_shapes(), load_hardware())} == set(rows.name)
-    assert "cited for the configurations they finished" in regenerate._counted(cited, results)
+    assert "cited for what they finished (configurations, decode points)" in regenerate._counted(cited, results)
 
 
 def test_a_run_that_ended_early_with_nothing_finished_is_never_cited(grpo_run, tmp_path):

@@ -102,6 +102,21 @@ def test_a_measured_cell_names_its_file_and_goes_back_to_predicted_when_the_file
     assert "predicted" in row["H200-class (140.4 GiB)"] and "measured" not in row["H200-class (140.4 GiB)"]
 
 
+def test_a_decode_sweep_cut_at_its_budget_is_cited_for_its_points_and_said_to_be_cut(tmp_path, committed_results):
+    results = tmp_path / "runs"
+    decode = max((committed_results / "cpu").glob("*-decode.json"))
+    path = results / "cpu" / decode.name
+    path.parent.mkdir(parents=True)
+    data = json.loads(decode.read_text())
+    path.write_text(json.dumps({**data, "complete": False, "ended_early": "stopped at the part's budget"}))
+    cited = regenerate.headline(schema.load_results(results))
+    assert [r.path for r in cited] == [f"cpu/{decode.name}"]
+    assert f"cpu/{decode.name} (ended early: its points so far)" in regenerate.build(cited)["decode"]
+    ok = [dict(p, status="error") for p in data["sweep"]]  # not one point measured: nothing to cite
+    path.write_text(json.dumps({**data, "sweep": ok, "complete": False, "ended_early": "stopped"}))
+    assert regenerate.headline(schema.load_results(results)) == []
+
+
 def test_a_grpo_run_that_ended_early_is_cited_only_for_the_configurations_it_finished(tmp_path):
     results = tmp_path / "runs"
     path = grpo_file(results, "h200", "32b", started="2026-12-05T10:00:00+00:00")
@@ -112,7 +127,7 @@ def test_a_grpo_run_that_ended_early_is_cited_only_for_the_configurations_it_fin
     assert "measured" in row and path.name in row  # its finished configuration
     written = regenerate.write_tables(results, tmp_path / "tables")
     sizing = next(p for p in written if p.name == "sizing.md").read_text()
-    assert f"cited for the configurations they finished, ended early: h200/{path.name}" in sizing
+    assert f"cited for what they finished (configurations, decode points), ended early: h200/{path.name}" in sizing
     path.write_text(json.dumps({**data, "configurations": [], "complete": False, "ended_early": "signal SIGTERM"}))
     sizing = next(p for p in regenerate.write_tables(results, tmp_path / "tables") if p.name == "sizing.md").read_text()
     assert "Last verified: never" in sizing and f"left out, ended early: h200/{path.name}" in sizing

@@ -53,7 +53,7 @@ def decode_table(results: list[Result]) -> str:
             measured.append(
                 {
                     "machine": hardware,
-                    "file": result.path,
+                    "file": result.path + ("" if result.complete else " (ended early: its points so far)"),
                     "engine": point.engine,
                     "context": str(point.context),
                     "GB/s": f"{point.achieved_gb_s:.2f}",

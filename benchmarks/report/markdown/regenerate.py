@@ -133,7 +133,7 @@ def _context_probe_errors(results: list[Result]) -> list[str]:
 def headline(results: list[Result], every_run: bool = False) -> list[Result]:
     """The results the tables cite: the newest complete, whole run of each series (kind, hardware
     class, shape, quick); with ``every_run``, every complete run, superseded and --only subsets
-    too. A GRPO run that ended early (``cut``) is cited for the configurations it finished, where no
+    too. A GRPO or decode run that ended early (``cut``) is cited for what it finished, where no
     whole run of its series is newer; any other run that ended early is never cited."""
     complete = [r for r in results if r.complete]
     if every_run:
@@ -154,8 +154,13 @@ def with_fitted_runs(cited: list[Result], every: list[Result]) -> list[Result]:
 
 
 def cut(result: Result) -> bool:
-    """A GRPO run that ended early with finished configurations in its file: each one citable as it is."""
-    return not result.complete and result.kind in ("grpo", "distributed") and bool(result.record.configurations)
+    """A run that ended early (cut at its budget or deadline) with what it finished in its file: a GRPO run's
+    finished configurations, a decode sweep's measured points; each citable as it is, said to be cut."""
+    if result.complete:
+        return False
+    if result.kind == "decode":
+        return any(point.status == "ok" for point in result.record.sweep)
+    return result.kind in ("grpo", "distributed") and bool(result.record.configurations)
 
 
 def build(results: list[Result], every: list[Result] | None = None) -> dict[str, str]:
@@ -188,7 +193,11 @@ def _counted(cited: list[Result], results: list[Result]) -> str:
     others = len(results) - len(cited) - len(incomplete)
     if others:
         text += f"; {others} superseded or partial (shown with --all)"
-    text += f"; cited for the configurations they finished, ended early: {', '.join(partial)}" if partial else ""
+    text += (
+        f"; cited for what they finished (configurations, decode points), ended early: {', '.join(partial)}"
+        if partial
+        else ""
+    )
     return text + (f"; left out, ended early: {', '.join(incomplete)}" if incomplete else "")
 
 
