@@ -3,6 +3,7 @@ searches, a clear stop where their wheels were not prepared, a plan within 9 min
 whole flow rehearsed on this CPU, so that a slip never costs GPU minutes."""
 
 import ast
+import importlib.metadata
 import json
 import os
 import re
@@ -211,3 +212,19 @@ def test_a_grpo_part_forced_past_its_budget_leaves_a_timeout_record_naming_its_p
     first = schema.read_result(min((tmp_path / "h200").glob("*-grpo.json")), "grpo-3b").record
     [cut] = first.configurations
     assert first.complete and cut.status == "timeout" and cut.phase, (cut.status, cut.reason)
+
+
+def test_the_check_names_a_carried_wheel_s_requirement_the_image_does_not_meet():
+    """The carried wheels install without their dependencies: an image's older pyarrow is named in the check."""
+    installed = {"datasets": "5.2.0", "pyarrow": "17.0.0", "dill": "0.4.1"}
+    requires = {"datasets": ["pyarrow>=21.0.0", "dill<0.4.2,>=0.3.0", "fsspec>=2023.1.0", "pytest; extra == 'tests'"]}
+
+    def version(name):
+        if name not in installed:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    unmet = preflight.unmet_requirements(("datasets", "trl"), version, lambda name: requires.get(name) or version(name))
+    assert unmet == ["datasets needs pyarrow>=21.0.0: has 17.0.0", "datasets needs fsspec>=2023.1.0: not installed"]
+    assert preflight.requirements_line(unmet).startswith("failed: datasets needs pyarrow>=21.0.0: has 17.0.0")
+    assert preflight.requirements_line([]).startswith("met (")

@@ -4,9 +4,10 @@
 # so that a part cut at its budget loses at most what it had in progress and the next part still runs:
 #
 #   check     the machine: an H200 (else the script stops: nothing is filed under a class it is not), the
-#             trainer's imports, a one-layer NF4 model in bf16, runtime, git, package versions, NVML, expandable
-#             segments (a text file); a failed gate skips the parts that need it: the trainer every GRPO
-#             part, 4-bit the 3B (8-bit AdamW) and 70B (NF4) rows; decode needs neither and runs
+#             trainer's imports, a one-layer NF4 model in bf16, runtime, git, package versions and whether they
+#             meet the carried wheels' requirements, NVML, expandable segments (a text file); a failed gate
+#             skips the parts that need it: the trainer every GRPO part, 4-bit the 3B (8-bit AdamW) and 70B
+#             (NF4) rows; decode needs neither and runs
 #   grpo-3b   the 24 GB row: 3B, full fine-tuning, 8-bit AdamW, checkpointing, allocator capped at 22.5 GiB
 #   grpo-32b  the H200 row: 32B, LoRA, checkpointing
 #   decode    8B bf16 decode in CUDA graphs at batch 1 and 64: GB/s against the ceiling and the spec

