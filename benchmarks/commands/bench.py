@@ -163,7 +163,7 @@ def run_part(
         path = run_rewards(profile, quick, out)
         summaries.rewards(path)
     elif part == "decode":
-        path = sweep.run_decode(profile, quick, out, deadline)
+        path = sweep.run_decode(profile, quick, out)
         try:  # tabulate and matplotlib: a GPU box may lack them, and the result file stands alone
             summaries.decode(path)
             for made in figures.write_decode_report(path):

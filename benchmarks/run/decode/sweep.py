@@ -1,5 +1,5 @@
 """The decode part: the device's bandwidth ceiling probed, then one worker process per engine over the sweep's points
-(``engines``), each stopped at its limit or the caller's deadline, each row judged against what physics allows
+(``engines``), each stopped at its limit, each row judged against what physics allows
 (``benchmarks.run.ceilings``) and written as it is measured, then the rollout's projections per hardware class.
 
 This module imports no torch, transformers or vLLM: it runs the sweep from the parent, which must not initialise
@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,11 +38,9 @@ def run_sweep(
     hardware: Hardware,
     add: Callable[[schema.DecodePoint], None],
     pinned: dict[str, str] | None = None,
-    deadline: float | None = None,
 ) -> None:
-    """Every engine x point of the profile's sweep, one worker process per engine, each stopped at its limit or the
-    caller's ``deadline`` (seconds since the epoch), whichever comes first; each row ``add``ed as it is measured, and
-    judged against what physics allows on ``hardware``."""
+    """Every engine x point of the profile's sweep, one worker process per engine, each stopped at its limit; each
+    row ``add``ed as it is measured, and judged against what physics allows on ``hardware``."""
     settings = profile.decode
     points = [(b, c) for b in settings.batches for c in settings.contexts if b * c <= settings.max_prefill_tokens]
     for engine in settings.engines:
@@ -71,20 +68,9 @@ def run_sweep(
             "new_tokens": settings.new_tokens,
             "repeats": settings.repeats,
         }
-        limit_s = within_deadline(settings.engine_limit_s, deadline)
-        if limit_s <= 0:
-            for b, c in points:
-                why = "not started: the caller's deadline (--deadline) had passed"
-                add(schema.DecodePoint(engine=engine, batch=b, context=c, status="skipped", reason=why))
-            continue
         print(f"decoding with {engine}: {len(points)} points ...", flush=True)
-        for row in _engine_rows(job, ceiling, hardware, shape, limit_s, pinned or {}):
+        for row in _engine_rows(job, ceiling, hardware, shape, settings.engine_limit_s, pinned or {}):
             add(row)
-
-
-def within_deadline(limit_s: float, deadline: float | None) -> float:
-    """A worker's seconds: its own limit, or what is left before the caller's deadline where that comes first."""
-    return limit_s if deadline is None else min(limit_s, deadline - time.time())
 
 
 WORKER = [sys.executable, "-m", "benchmarks.run.decode.engines"]  # one engine's decode worker: the job on stdin
@@ -155,9 +141,9 @@ def _decode_process(job: dict, env: dict[str, str], limit_s: float) -> subproces
         raise RuntimeError(f"the bandwidth probe gave no answer within {limit_s:g} s (engine_limit_s)") from None
 
 
-def run_decode(profile: Any, quick: bool, out: Any, deadline: float | None = None) -> Any:
-    """The decode part: the device's ceiling, the decode sweep, then the rollout projections, each worker ending by
-    the caller's ``deadline`` where one is given; returns the result file."""
+def run_decode(profile: Any, quick: bool, out: Any) -> Any:
+    """The decode part: the device's ceiling, the decode sweep, then the rollout projections; returns the result
+    file."""
     settings = profile.decode
     gpus = nvml_gpus.visible_gpus()  # NVML: no CUDA context here
     device = "cuda" if gpus else "cpu"
@@ -170,7 +156,7 @@ def run_decode(profile: Any, quick: bool, out: Any, deadline: float | None = Non
     job = {
         "probe": {"device": device, "array_bytes": settings.probe_array_mib << 20, "repeats": settings.probe_repeats}
     }
-    done = _decode_process(job, pinned, max(1.0, within_deadline(settings.engine_limit_s, deadline)))
+    done = _decode_process(job, pinned, settings.engine_limit_s)
     if done.returncode != 0:
         raise RuntimeError(f"the bandwidth probe failed (exit {done.returncode}): {done.stderr[-2000:]}")
     probed = json.loads(done.stdout.strip().splitlines()[-1])
@@ -203,7 +189,7 @@ def run_decode(profile: Any, quick: bool, out: Any, deadline: float | None = Non
             result.sweep.append(row)
             schema.write(path, result)
 
-        run_sweep(profile, model_dir, shape, best, hardware, add, pinned, deadline)
+        run_sweep(profile, model_dir, shape, best, hardware, add, pinned)
         # the fraction of spec a valid row not bound by launches achieved: their median, not their luckiest
         achieved = [row.efficiency_vs_spec for row in result.sweep if row.status == "ok" and row.efficiency_vs_spec]
         if achieved and profile.hardware != "cpu":
