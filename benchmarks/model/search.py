@@ -340,9 +340,10 @@ def binding(ask: Ask, hardware: Hardware, count: int) -> Binding:
     and the states partitioned over 64 (ZeRO, FSDP), each rank with the whole batch (no fewer activations): whether a
     term shrinks is the partition's physics, not the batch's, and the batch may stop the search before it."""
     fed = ask.fed_counts()
-    there = ask.predict(ask.on(ask.base, max(c for c in fed if c <= count), hardware), hardware)
+    here = max(c for c in fed if c <= count)
+    there = ask.predict(ask.on(ask.base, here, hardware), hardware)
     term, term_bytes = max(there.phases[there.peak_phase].items(), key=lambda item: item[1])
-    spread = ask.predict(ask.on(ask.base, fed[-1], hardware), hardware)
+    spread = there if here == fed[-1] else ask.predict(ask.on(ask.base, fed[-1], hardware), hardware)
     on_fed = spread.phases.get(there.peak_phase, {}).get(term, term_bytes)
     wide = replace(ask, recipe=replace(ask.recipe, prompts=ask.recipe.prompts * GPU_COUNTS[-1]))
     sharded = wide.predict(wide.on(wide.base, GPU_COUNTS[-1], hardware), hardware)
