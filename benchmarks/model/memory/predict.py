@@ -372,4 +372,5 @@ def _sync_gather(est: Estimate, step: _Step) -> None:
         weights = engine_need(step.shape, step.dtype, levers, step.work).weights
         asleep = max(0.0, est.phases["rollout"]["vllm"] - est.phases["training"].get("vllm", 0) - weights)
     if extra > asleep:
-        est.add("rollout", "sync_gather", int(extra - asleep), f"{what}, the engine's weights awake")
+        beside = ", the engine's weights awake" if levers.vllm_mode == "colocate" else ", streamed to the server"
+        est.add("rollout", "sync_gather", int(extra - asleep), what + beside)
